@@ -1,0 +1,87 @@
+# trailbound: `make demo` and `make test` do all the set-up on a fresh machine.
+# Prerequisites the machine must have: Python 3.11, Java 17 and the PostgreSQL 15 server
+# binaries (initdb, pg_ctl). Everything else is installed into .venv from requirements.txt.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    := .venv
+PYTHON  := $(CURDIR)/$(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PG_DIR  := var/pg
+DEMO    := var/demo
+PYSPARK := $(shell grep -E '^pyspark==' requirements.txt)
+
+export JAVA_HOME ?= $(firstword $(wildcard /usr/lib/jvm/java-17-openjdk*) \
+                      $(patsubst %/bin/java,%,$(realpath $(shell command -v java 2>/dev/null))))
+export SPARK_LOCAL_IP    := 127.0.0.1
+export PYSPARK_PYTHON    := $(PYTHON)
+export PATH              := $(CURDIR)/$(VENV)/bin:$(PATH)
+export TRAILBOUND_CONFIG ?= $(CURDIR)/include/config/trailbound.yaml
+export PYTHONUNBUFFERED  := 1
+
+# With TRAILBOUND_METADATA_DSN (and TRAILBOUND_TARGET_DSN) set, use those servers;
+# otherwise start a throwaway local PostgreSQL under var/pg and point the commands at it.
+ifdef TRAILBOUND_METADATA_DSN
+  START_DB := @echo "Using the PostgreSQL servers named by TRAILBOUND_METADATA_DSN / TRAILBOUND_TARGET_DSN"
+  DB_ENV   :=
+else
+  START_DB := $(PYTHON) -m trailbound.localpg start $(PG_DIR)
+  DB_ENV    = env $$($(PYTHON) -m trailbound.localpg env $(PG_DIR))
+endif
+
+# pip on some machines warns about every configured-but-absent local index: keep the noise out.
+QUIET_PIP = 2>&1 | { grep -v '^WARNING: Location' || true; }; exit $${PIPESTATUS[0]}
+
+SPARK_SUBMIT = spark-submit --master local[*] --conf spark.log.level=WARN --conf spark.ui.enabled=false \
+               --conf spark.sql.session.timeZone=UTC
+
+.PHONY: help install db demo test bench env clean distclean
+
+help:
+	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
+	@echo "make test      set up, start a local PostgreSQL, run the whole test suite"
+	@echo "make bench     run the benchmarks and write their results under docs/benchmarks/"
+	@echo "make clean     stop and remove the local PostgreSQL and everything under var/"
+	@echo "make distclean clean, and remove .venv"
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements.txt $(QUIET_PIP)
+	@# The Spark provider's pyspark-client overwrites pyspark's Python files: put pyspark back.
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall $(PYSPARK) $(QUIET_PIP)
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps -e . $(QUIET_PIP)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+db: $(STAMP)
+	$(START_DB)
+
+env: $(STAMP)
+	@$(PYTHON) -m trailbound.localpg env $(PG_DIR)
+
+$(DEMO)/archive/defs.json: | $(STAMP)
+	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48
+
+demo: db $(DEMO)/archive/defs.json
+	$(DB_ENV) $(SPARK_SUBMIT) jobs/archive_scan.py
+	$(DB_ENV) trailbound archive list --summary
+	@echo
+	@echo "Simulated source archive: $(DEMO)/archive   (its expected final state: $(DEMO)/truth.json)"
+	@echo "Configuration:            $(TRAILBOUND_CONFIG)"
+	@echo "PostgreSQL log:           $(PG_DIR)/server.log"
+	@echo "Look further with:        $(DB_ENV) trailbound archive list | archive verify"
+
+test: db
+	$(DB_ENV) $(PYTHON) -m pytest $(PYTEST_ARGS)
+
+bench: db
+	@for script in tests/bench/bench_*.py; do echo "== $$script"; $(DB_ENV) $(PYTHON) $$script || exit 1; done
+
+clean:
+	-test -x $(PYTHON) && $(PYTHON) -m trailbound.localpg remove $(PG_DIR)
+	rm -rf var .pytest_cache spark-warehouse
+
+distclean: clean
+	rm -rf $(VENV)

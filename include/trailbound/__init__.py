@@ -1,0 +1,8 @@
+"""trailbound: GoldenGate-style change-data-capture replication on Spark and PostgreSQL.
+
+The engine package. It never imports Airflow: DAGs, operators and sensors under
+dags/ and plugins/ call into it, as do the spark-submit entry points under jobs/ and
+the `trailbound` command line.
+"""
+
+__version__ = "0.1.0"

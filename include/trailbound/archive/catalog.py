@@ -1,0 +1,174 @@
+"""The archive catalog: which segments of a source have been discovered and verified,
+and the horizon up to which the archive is complete.
+
+Scanning is the door into the pipeline: a segment is cataloged only after its data file
+matches its manifest, it follows its thread's previous segment, and every record passes
+the contract's checks. One metadata transaction records a whole scan, so a bad segment
+leaves the catalog exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Sequence
+
+from trailbound.archive import segments as seg
+from trailbound.archive.segments import Segment
+from trailbound.errors import ArchiveError
+from trailbound.metadata import MetadataStore
+from trailbound.positions import Scn
+
+AVAILABLE, PURGED = "available", "purged"
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    segment: Segment
+    state: str
+    cataloged_at: datetime
+    purged_at: datetime | None = None
+
+    @property
+    def status(self) -> str:
+        """The state, or 'missing' when an available segment's file has gone from disk."""
+        if self.state == AVAILABLE and not self.segment.path.exists():
+            return "missing"
+        return self.state
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """The archive is complete below `scn`: every thread that can still write has
+    archived all its records with a lower SCN. None when nothing is archived."""
+
+    scn: Scn
+    # thread -> (next_scn of its last visible segment, closed)
+    threads: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    limiting_thread: int | None = None
+
+
+def compute_horizon(segments: Sequence[Segment], until: datetime | None = None) -> Horizon | None:
+    """The lowest next_scn over the threads' last segments archived (next_time) at or
+    before `until`. A closed thread stops counting after its last segment; when every
+    thread is closed the whole archive is complete."""
+    last: dict[int, Segment] = {}
+    for segment in segments:
+        if until is not None and segment.next_time > until:
+            continue
+        if segment.thread not in last or segment.sequence > last[segment.thread].sequence:
+            last[segment.thread] = segment
+    if not last:
+        return None
+    threads = {t: (s.next_scn, s.closed) for t, s in sorted(last.items())}
+    open_threads = {t: s.next_scn for t, s in last.items() if not s.closed}
+    if open_threads:
+        limiting = min(open_threads, key=lambda t: (open_threads[t], t))
+        return Horizon(Scn(open_threads[limiting]), threads, limiting)
+    return Horizon(Scn(max(s.next_scn for s in last.values())), threads, None)
+
+
+_COLUMNS = ("thread, sequence, first_scn, next_scn, first_time, next_time, records, bytes, sha256, format, "
+            "path, closed, state, cataloged_at, purged_at")
+
+
+def _entry(row: dict) -> CatalogEntry:
+    segment = Segment(
+        thread=row["thread"], sequence=row["sequence"], first_scn=row["first_scn"], next_scn=row["next_scn"],
+        first_time=row["first_time"], next_time=row["next_time"], records=row["records"], bytes=row["bytes"],
+        sha256=row["sha256"], format=row["format"], path=Path(row["path"]), closed=row["closed"],
+    )
+    return CatalogEntry(segment, row["state"], row["cataloged_at"], row["purged_at"])
+
+
+@dataclass
+class ScanResult:
+    added: list[Segment]
+    known: int
+
+    def describe(self) -> str:
+        if not self.added:
+            return f"no new segments ({self.known} already cataloged)"
+        records = sum(s.records for s in self.added)
+        return f"cataloged {len(self.added)} new segment(s), {records} records ({self.known} already cataloged)"
+
+
+class ArchiveCatalog:
+    """The catalog rows of one source."""
+
+    def __init__(self, store: MetadataStore, source: str):
+        self.store = store
+        self.source = source
+
+    def entries(self) -> list[CatalogEntry]:
+        with self.store.transaction() as cur:
+            cur.execute(f"SELECT {_COLUMNS} FROM trailbound.archive_segment WHERE source = %s "
+                        "ORDER BY thread, sequence", (self.source,))
+            return [_entry(row) for row in cur.fetchall()]
+
+    def segments(self) -> list[Segment]:
+        return [entry.segment for entry in self.entries()]
+
+    def horizon(self, until: datetime | None = None) -> Horizon | None:
+        # Purged segments still count: they were archived, their records were read.
+        return compute_horizon(self.segments(), until)
+
+    def _split(self, archive_dir: Path) -> tuple[dict[tuple[int, int], CatalogEntry], list[Segment]]:
+        """(cataloged entries by (thread, sequence), segments on disk not yet cataloged)."""
+        entries = {(e.segment.thread, e.segment.sequence): e for e in self.entries()}
+        found = seg.discover(archive_dir)
+        for segment in found:
+            entry = entries.get((segment.thread, segment.sequence))
+            if entry is not None and entry.segment.sha256 != segment.sha256:
+                raise ArchiveError(segment.manifest_path,
+                                   "segment changed after it was cataloged (sha256 differs); segments are immutable")
+        return entries, [s for s in found if (s.thread, s.sequence) not in entries]
+
+    def pending(self, archive_dir: Path) -> list[Segment]:
+        """Segments whose manifest exists but that no scan has cataloged yet."""
+        return self._split(archive_dir)[1]
+
+    def scan(self, archive_dir: Path, spark) -> ScanResult:
+        """Discover segments not yet cataloged, check them (files, sequence, every record),
+        and record them all in one transaction. Any violation raises ArchiveError and
+        records nothing."""
+        from trailbound.archive import reader
+
+        entries, new = self._split(archive_dir)
+        last_known = {thread: entries[(thread, sequence)].segment for thread, sequence in sorted(entries)}
+        seg.check_sequence(new, last_known)
+        for segment in new:
+            seg.verify_data(segment)
+        if new:
+            reader.check_records(spark, new)
+            self._insert(new)
+        return ScanResult(added=new, known=len(entries))
+
+    def verify(self, archive_dir: Path, spark) -> list[Segment]:
+        """Check everything again, writing nothing: every available cataloged segment and
+        every pending one against its manifest, the sequence of all of them, and every
+        record (including records of a transaction after its end, across segments).
+        Returns the segments checked."""
+        from trailbound.archive import reader
+
+        entries, new = self._split(archive_dir)
+        cataloged = [e.segment for e in entries.values()]
+        seg.check_sequence(cataloged + new)
+        readable = [e.segment for e in entries.values() if e.state == AVAILABLE] + new
+        for segment in readable:
+            seg.verify_data(segment)
+        reader.check_records(spark, readable)
+        return readable
+
+    def _insert(self, new: Sequence[Segment]) -> None:
+        with self.store.transaction() as cur:
+            # Two scans of one source racing would both pass the checks; the primary key
+            # makes the second fail as a whole rather than interleave.
+            cur.executemany(
+                "INSERT INTO trailbound.archive_segment (source, thread, sequence, first_scn, next_scn, first_time,"
+                " next_time, records, bytes, sha256, format, path, closed)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [(self.source, s.thread, s.sequence, s.first_scn, s.next_scn, s.first_time, s.next_time, s.records,
+                  s.bytes, s.sha256, s.format, str(s.path), s.closed) for s in new],
+            )

@@ -1,0 +1,22 @@
+"""Errors a user acts on. Each names what to look at: a file and position, a config key."""
+
+from __future__ import annotations
+
+
+class TrailboundError(Exception):
+    """Base of every error the command line prints without a traceback."""
+
+
+class ArchiveError(TrailboundError):
+    """The redo archive breaks its contract. Names the file and, for a record, its rba."""
+
+    def __init__(self, path: str, message: str, rba: int | None = None):
+        self.path = str(path)
+        self.rba = rba
+        self.message = message
+        where = self.path if rba is None else f"{self.path} rba {rba}"
+        super().__init__(f"{where}: {message}")
+
+
+class ConfigError(TrailboundError):
+    """The configuration file is invalid. Names the file and the key."""

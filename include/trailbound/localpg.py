@@ -1,0 +1,177 @@
+"""A throwaway local PostgreSQL server for the demo and the test suite.
+
+    python -m trailbound.localpg start DIR   # initdb on first use, start, print the DSNs
+    python -m trailbound.localpg env DIR     # print TRAILBOUND_*_DSN=... lines for the shell
+    python -m trailbound.localpg stop DIR
+
+The cluster lives in DIR (an ignored folder of the repo), listens on 127.0.0.1 only, on a
+free port chosen at first start and kept in DIR/port, and trusts local connections:
+it is a scratch server, never a production one. Durability is switched off for speed
+(fsync, synchronous_commit); trailbound's own crash safety is tested by killing
+trailbound, not the server. initdb refuses to run as root, so as root the server runs
+as the `postgres` user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+
+SUPERUSER = "trailbound"
+DATABASES = ("trailbound_meta", "trailbound_target")
+_SERVER_OPTIONS = (
+    "-c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off "
+    "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    directory: Path
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def port_file(self) -> Path:
+        return self.directory / "port"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "server.log"
+
+    @property
+    def port(self) -> int:
+        return int(self.port_file.read_text())
+
+    def dsn(self, database: str = "postgres") -> str:
+        # URI form: no spaces, so `env $(python -m trailbound.localpg env DIR) cmd` works.
+        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a PostgreSQL server binary, as `postgres` when we are root."""
+        argv = list(command)
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        return subprocess.run(argv, check=check, capture_output=True, text=True)
+
+    def is_running(self) -> bool:
+        if not (self.data / "PG_VERSION").exists():
+            return False
+        return self._run("pg_ctl", "status", "-D", str(self.data), check=False).returncode == 0
+
+    def start(self) -> "LocalServer":
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            postgres = pwd.getpwnam("postgres")
+            for path in [self.directory, *self.directory.rglob("*")]:
+                os.chown(path, postgres.pw_uid, postgres.pw_gid)
+        if not (self.data / "PG_VERSION").exists():
+            if self.data.exists():
+                shutil.rmtree(self.data)
+            self._run("initdb", "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
+                      "--encoding=UTF8", "--no-locale", "--no-sync")
+        if not self.is_running():
+            if not self.port_file.exists() or not _port_is_free(self.port):
+                self.port_file.write_text(str(_free_port()))
+                if os.geteuid() == 0:
+                    postgres = pwd.getpwnam("postgres")
+                    os.chown(self.port_file, postgres.pw_uid, postgres.pw_gid)
+            result = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log_file),
+                               "-o", f"-p {self.port} {_SERVER_OPTIONS}", check=False)
+            if result.returncode != 0:
+                raise RuntimeError(f"PostgreSQL did not start; see {self.log_file}\n{result.stderr}")
+        self._wait_ready()
+        self._create_databases()
+        return self
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg2.connect(self.dsn(), connect_timeout=2).close()
+                return
+            except psycopg2.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _create_databases(self) -> None:
+        connection = psycopg2.connect(self.dsn())
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cur:
+                for database in DATABASES:
+                    cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+                    if cur.fetchone() is None:
+                        cur.execute(f'CREATE DATABASE "{database}"')  # a fixed name of ours
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        if self.is_running():
+            self._run("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.data))
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def environment(self) -> dict[str, str]:
+        return {
+            "TRAILBOUND_METADATA_DSN": self.dsn("trailbound_meta"),
+            "TRAILBOUND_TARGET_DSN": self.dsn("trailbound_target"),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trailbound.localpg", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["start", "stop", "remove", "env", "status"])
+    parser.add_argument("directory", type=Path)
+    args = parser.parse_args(argv)
+    server = LocalServer(args.directory.resolve())
+    if args.action == "start":
+        server.start()
+        print(f"PostgreSQL running on 127.0.0.1:{server.port} (data in {server.data}, log {server.log_file})")
+    elif args.action == "stop":
+        server.stop()
+    elif args.action == "remove":
+        server.remove()
+    elif args.action == "status":
+        running = server.is_running()
+        print("running" if running else "stopped")
+        return 0 if running else 1
+    elif args.action == "env":
+        for name, value in server.environment().items():
+            print(f"{name}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

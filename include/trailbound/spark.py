@@ -1,0 +1,37 @@
+"""Building the SparkSession. Jobs and the CLI build one and pass it down; library code
+never creates its own."""
+
+from __future__ import annotations
+
+import os
+
+# Settings every trailbound session needs, whoever builds it (spark-submit passes the
+# same ones as --conf from the job entry points).
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",  # the contract's times are UTC; never the host's zone
+    "spark.log.level": "WARN",            # keep task logs readable
+    "spark.ui.enabled": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+
+def session(app_name: str = "trailbound", master: str | None = None):
+    """A SparkSession with trailbound's settings. `master` defaults to $SPARK_MASTER or
+    local[*]; under spark-submit the master given there wins."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name)
+    if master or "SPARK_MASTER" in os.environ or not _under_spark_submit():
+        builder = builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_SUBMIT" in os.environ

@@ -1,0 +1,107 @@
+"""Shared fixtures: a real PostgreSQL server and a real local Spark session.
+
+PostgreSQL: the server named by $TRAILBOUND_METADATA_DSN when set (`make test` sets it
+to its throwaway server), else one this suite starts under var/test-pg and stops at the
+end. Each test that needs the metadata store gets its own database, cloned from a
+template that the project's own migrations built once per session.
+
+Spark: one local[2] session for the whole run, UI off; starting one costs seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+
+from trailbound.localpg import LocalServer
+from trailbound.metadata import MetadataStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _admin(dsn: str):
+    connection = psycopg2.connect(psycopg2.extensions.make_dsn(dsn, dbname="postgres"))
+    connection.autocommit = True
+    return connection
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn():
+    """DSN of a PostgreSQL server where the suite may create and drop databases."""
+    given = os.environ.get("TRAILBOUND_METADATA_DSN")
+    if given:
+        yield psycopg2.extensions.make_dsn(given, dbname="postgres")
+        return
+    server = LocalServer(REPO / "var" / "test-pg").start()
+    try:
+        yield server.dsn("postgres")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def metadata_template(pg_server_dsn):
+    """A database migrated once, cloned for every test that needs a metadata store."""
+    name = f"tb_template_{os.getpid()}"
+    admin = _admin(pg_server_dsn)
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        cur.execute(f'CREATE DATABASE "{name}"')
+    store = MetadataStore.open(psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name))
+    store.close()
+    yield name
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    admin.close()
+
+
+def _fresh_database(pg_server_dsn: str, template: str | None = None):
+    name = f"tb_test_{uuid.uuid4().hex[:12]}"
+    admin = _admin(pg_server_dsn)
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    return name, admin
+
+
+def _drop(admin, name: str) -> None:
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+@pytest.fixture
+def metadata_dsn(pg_server_dsn, metadata_template):
+    """DSN of a per-test metadata database with every migration applied."""
+    name, admin = _fresh_database(pg_server_dsn, metadata_template)
+    yield psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name)
+    _drop(admin, name)
+
+
+@pytest.fixture
+def empty_database_dsn(pg_server_dsn):
+    """DSN of a per-test database with nothing in it (to watch migrations run)."""
+    name, admin = _fresh_database(pg_server_dsn)
+    yield psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name)
+    _drop(admin, name)
+
+
+@pytest.fixture
+def store(metadata_dsn):
+    with MetadataStore.open(metadata_dsn) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from trailbound import spark as spark_session
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = spark_session.session("trailbound-tests", master="local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()
