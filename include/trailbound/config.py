@@ -43,7 +43,16 @@ def parse_duration(value: Any) -> timedelta:
 
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
-GroupName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,7}$")]
+_GROUP_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,7}$")
+
+
+def _group_name(value: Any) -> str:
+    if not isinstance(value, str) or not _GROUP_NAME.match(value):
+        raise ValueError("a name is a letter then up to 7 letters, digits or _ (GoldenGate's group-name rule)")
+    return value
+
+
+GroupName = Annotated[str, BeforeValidator(_group_name)]
 
 
 class _Section(BaseModel):
@@ -104,7 +113,7 @@ class Config(_Section):
 
 
 def _describe(error: dict) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    key = ".".join(str(part) for part in error["loc"] if part != "[key]") or "(top level)"
     kind = error["type"]
     if kind == "extra_forbidden":
         return f"{key}: unknown option"

@@ -1,0 +1,31 @@
+import pytest
+
+from trailbound.positions import Csn, LogPosition, Scn, TrailPosition
+
+
+@pytest.mark.parametrize("value", [Scn(0), Scn(8440969), LogPosition(1, 47, 68748800), TrailPosition(3, 2142224),
+                                   Csn(8440969, 2, 24, 65657408)])
+def test_text_form_round_trips(value):
+    assert type(value).parse(str(value)) == value
+
+
+def test_csn_orders_by_commit_scn_then_commit_position():
+    assert Csn(100, 2, 1, 0) < Csn(101, 1, 1, 0)
+    assert Csn(100, 1, 9, 9) < Csn(100, 2, 1, 0)  # a tie on scn: thread, sequence, rba decide
+    assert Csn(100, 1, 3, 5) < Csn(100, 1, 3, 6)
+
+
+def test_bare_csn_sorts_before_every_commit_at_that_scn():
+    assert Csn.parse("100") == Csn(100, 0, 0, 0)
+    assert Csn.parse("100") < Csn(100, 1, 1, 0) < Csn.parse("101")
+
+
+@pytest.mark.parametrize("text", ["", "x", "-1", "1:2", "1:2:3:4", "1.5"])
+def test_log_position_rejects_malformed_text(text):
+    with pytest.raises(ValueError, match="log position"):
+        LogPosition.parse(text)
+
+
+def test_positions_do_not_mix_with_plain_ints():
+    with pytest.raises(TypeError):
+        Scn(5) < 6  # noqa: B015 - the comparison itself must fail
