@@ -2,6 +2,11 @@
 (INFO EXTRACT ... SHOWCH, SEND EXTRACT ... SKIPTRANS, ALTER REPLICAT ... ATCSN, LOGDUMP).
 
     trailbound archive scan|list|verify      the redo archive and its catalog
+    trailbound extract run EXT1 [--until T]  one capture batch
+    trailbound add|delete extract EXT1       manage capture groups
+    trailbound alter extract EXT1 begin ...  reposition capture
+    trailbound info extract EXT1 [--showch]  status and checkpoints
+    trailbound logdump TRAILFILE [--json]    print trail records
     trailbound simulate                      write the simulated source's archive
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
@@ -127,6 +132,91 @@ def archive_verify(ctx: Context) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- extract
+
+def extract_run(ctx: Context) -> int:
+    from trailbound.capture.run import run_extract
+
+    result = run_extract(ctx.spark, ctx.store, ctx.config, ctx.args.group, until=ctx.args.until)
+    print(result.describe())
+    return 0
+
+
+def add_extract(ctx: Context) -> int:
+    from trailbound.capture import checkpoints as ckpt
+    from trailbound.capture.run import ensure_group
+
+    name = ctx.config.extract_name(ctx.args.group)
+    with ctx.store.transaction() as cur:
+        if ckpt.load(cur, name) is not None:
+            raise TrailboundError(f"extract {name} is already added; use alter extract {name} begin ... to move it")
+    state = ensure_group(ctx.store, ctx.config, name, begin=" ".join(ctx.args.begin) if ctx.args.begin else None)
+    print(f"EXTRACT {name} added, begin {state.begin_spec} (scn {state.begin_scn}), trail {state.exttrail}")
+    return 0
+
+
+def delete_extract(ctx: Context) -> int:
+    from trailbound.capture.run import group_lock
+
+    name = ctx.config.extract_name(ctx.args.group)
+    with group_lock(ctx.store, name), ctx.store.transaction() as cur:
+        cur.execute("DELETE FROM trailbound.extract_group WHERE group_name = %s", (name,))
+        if cur.rowcount == 0:
+            raise TrailboundError(f"extract {name} is not added")
+    print(f"EXTRACT {name} deleted (its trail files are left in place)")
+    return 0
+
+
+def alter_extract(ctx: Context) -> int:
+    from trailbound.archive.catalog import ArchiveCatalog
+    from trailbound.capture import checkpoints as ckpt
+    from trailbound.capture.begin import resolve_begin
+    from trailbound.capture.run import group_lock
+
+    name = ctx.config.extract_name(ctx.args.group)
+    words = ctx.args.change
+    if not words or words[0].lower() != "begin" or len(words) < 2:
+        raise TrailboundError("usage: trailbound alter extract GROUP begin now|TIME|scn N")
+    spec = " ".join(words[1:])
+    with group_lock(ctx.store, name):
+        with ctx.store.transaction() as cur:
+            state = ckpt.load(cur, name)
+        if state is None:
+            raise TrailboundError(f"extract {name} is not added")
+        begin_scn = resolve_begin(spec, ArchiveCatalog(ctx.store, state.source).segments())
+        with ctx.store.transaction() as cur:
+            ckpt.reposition(cur, name, begin_scn, spec)
+    print(f"EXTRACT {name} altered: begin {spec} (scn {begin_scn}); the next run starts there")
+    return 0
+
+
+def info_extract(ctx: Context) -> int:
+    from trailbound.capture.info import describe_extract
+
+    print(describe_extract(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
+    return 0
+
+
+def logdump(ctx: Context) -> int:
+    import json as _json
+
+    from trailbound import trail
+
+    path = Path(ctx.args.file)
+    seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
+    for record in trail.iter_records(path, ctx.args.from_rba, ctx.args.count):
+        csn = trail.csn_of(record)
+        fields = {"seqno": seqno, "rba": record["rba"], "trans_ind": record["trans_ind"], "csn": str(csn),
+                  "xid": record["xid"], "commit_ts": record["commit_ts"].isoformat(), "op": record["op"],
+                  "table": record["table"], "before": record["before"], "after": record["after"]}
+        if ctx.args.json:
+            print(_json.dumps(fields, ensure_ascii=False))
+        else:
+            print(f"rba {record['rba']:>8}  ind {record['trans_ind']}  csn {csn}  xid {record['xid']!r}  "
+                  f"{record['op']:<8} {record['table']}  before={record['before']}  after={record['after']}")
+    return 0
+
+
 # ---------------------------------------------------------------- simulate
 
 def simulate(ctx: Context) -> int:
@@ -166,6 +256,33 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--thread", type=int, help="only this thread")
             sub.add_argument("--summary", action="store_true", help="one line per thread, no segment lines")
             sub.add_argument("--until", type=_utc_time, help="horizon over segments archived by this time")
+
+    extract = verbs.add_parser("extract", help="capture runs").add_subparsers(dest="action", required=True,
+                                                                              metavar="ACTION")
+    run = verb(extract, "run", extract_run, "run one capture batch for an extract group")
+    run.add_argument("group")
+    run.add_argument("--until", type=_utc_time, help="read only segments archived by this time (a past interval)")
+
+    for word, handler, text in (("add", add_extract, "add an extract group (ADD EXTRACT)"),
+                                ("delete", delete_extract, "delete an extract group's checkpoints"),
+                                ("alter", alter_extract, "reposition an extract: alter extract G begin now|TIME|scn N"),
+                                ("info", info_extract, "status and checkpoints (INFO EXTRACT ... SHOWCH)")):
+        sub = verbs.add_parser(word, help=text).add_subparsers(dest="kind", required=True, metavar="KIND")
+        command = verb(sub, "extract", handler, text)
+        command.add_argument("group")
+        if word == "add":
+            command.add_argument("--begin", nargs="+", help="earliest | now | TIME | scn N (default: the config's)")
+        if word == "alter":
+            command.add_argument("change", nargs="+", help="begin now | begin TIME | begin scn N")
+        if word == "info":
+            command.add_argument("--showch", nargs="?", type=int, const=0, default=None, metavar="N",
+                                 help="checkpoint detail; N: also the last N runs' checkpoints")
+
+    dump = verb(verbs, "logdump", logdump, "print the records of a trail file")
+    dump.add_argument("file")
+    dump.add_argument("--from", dest="from_rba", type=int, default=0, metavar="RBA")
+    dump.add_argument("--count", type=int)
+    dump.add_argument("--json", action="store_true", help="one JSON object per line")
 
     sim = verb(verbs, "simulate", simulate, "write a simulated busy OLTP source's redo archive and its truth")
     sim.add_argument("--source", help="write into this source's archive directory (default: the only one)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trailbound.errors import ConfigError
 
@@ -75,11 +75,37 @@ class SourceConfig(_Section):
     altarchivelogdest: Path  # TRANLOGOPTIONS ALTARCHIVELOGDEST: the archive directory
 
 
+class ExtractConfig(_Section):
+    """A capture group's parameters (an Extract parameter file)."""
+
+    source: str                        # which source database's archive it reads
+    exttrail: Path                     # EXTTRAIL: the trail prefix; files are <prefix><9-digit seqno>
+    table: list[str] = Field(min_length=1)  # TABLE: schema.table names, * and ? as wildcards
+    megabytes: float = Field(default=100, gt=0)  # ADD EXTTRAIL ... MEGABYTES: trail file rollover size
+    begin: str = "earliest"            # ADD EXTRACT ... BEGIN, used when a run finds the group not added
+
+    @field_validator("table")
+    @classmethod
+    def _tables_are_qualified(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if "." not in pattern:
+                raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
+        return value
+
+
 class Config(_Section):
     home: Path = Path(".")
     metadata: DatabaseConfig = DatabaseConfig(dsn_env=METADATA_DSN_ENV, conn_id="trailbound_metadata")
     target: DatabaseConfig = DatabaseConfig(dsn_env=TARGET_DSN_ENV, conn_id="trailbound_target")
     sources: dict[GroupName, SourceConfig] = Field(min_length=1)
+    extracts: dict[GroupName, ExtractConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _extracts_name_configured_sources(self) -> "Config":
+        for name, extract in self.extracts.items():
+            if extract.source.upper() not in {s.upper() for s in self.sources}:
+                raise ValueError(f"extract {name} reads source {extract.source!r}, which is not configured")
+        return self
 
     @field_validator("sources")
     @classmethod
@@ -107,6 +133,16 @@ class Config(_Section):
 
     def source(self, name: str | None = None) -> SourceConfig:
         return self.sources[self.source_name(name)]
+
+    def extract_name(self, name: str) -> str:
+        for key in self.extracts:
+            if key.upper() == name.upper():
+                return key
+        raise ConfigError(f"no extract named {name!r} in the configuration; configured: "
+                          f"{', '.join(self.extracts) or 'none'}")
+
+    def extract(self, name: str) -> ExtractConfig:
+        return self.extracts[self.extract_name(name)]
 
     def archive_dir(self, source: str | None = None) -> Path:
         return self.path(self.source(source).altarchivelogdest)

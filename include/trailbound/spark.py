@@ -11,9 +11,11 @@ SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",  # the contract's times are UTC; never the host's zone
     "spark.log.level": "WARN",            # keep task logs readable
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # staging files read by pyarrow
 }
 
 

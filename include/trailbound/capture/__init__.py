@@ -1,0 +1,1 @@
+"""Capture (Extract): transaction assembly, the commit-ordered trail, checkpoints."""

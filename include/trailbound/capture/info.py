@@ -1,0 +1,109 @@
+"""INFO EXTRACT [SHOWCH [N]]: a group's status and checkpoints, laid out like GGSCI's."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from trailbound.capture import checkpoints as ckpt
+from trailbound.config import Config
+from trailbound.errors import TrailboundError
+from trailbound.metadata import MetadataStore
+
+_KIND_TITLES = {
+    "startup": "Startup Checkpoint (starting position in data source)",
+    "recovery": "Recovery Checkpoint (position of oldest unprocessed transaction in data source)",
+    "current": "Current Checkpoint (position of last record read in the data source)",
+}
+
+
+def _time(value) -> str:
+    if value is None:
+        return "Not Available"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _lag(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _running(store: MetadataStore, group: str) -> bool:
+    with store.transaction() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (f"extract:{group.upper()}",))
+        got = cur.fetchone()["got"]
+        if got:
+            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (f"extract:{group.upper()}",))
+    return not got
+
+
+def _read_block(kind: str, c) -> list[str]:
+    get = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
+    return [f"    {_KIND_TITLES[kind]}:",
+            f"        Thread #: {get('thread')}",
+            f"        Sequence #: {get('sequence')}",
+            f"        RBA: {get('rba')}",
+            f"        Timestamp: {_time(get('ts'))}",
+            f"        SCN: {get('scn')}",
+            f"        Redo File: {get('segment') or 'Not Available'}"]
+
+
+def describe_extract(store: MetadataStore, config: Config, group: str, *, showch: int | None = None) -> str:
+    name = config.extract_name(group)
+    with store.transaction() as cur:
+        state = ckpt.load(cur, name)
+        runs = ckpt.history(cur, name, showch) if showch else []
+    if state is None:
+        raise TrailboundError(f"extract {name} is not added (it is added by its first run or `trailbound add extract`)")
+    status = "RUNNING" if _running(store, name) else "STOPPED"
+    started = f"{state.last_started:%Y-%m-%d %H:%M}" if state.last_started else "never"
+    lines = [f"EXTRACT    {name:<9} Last Started {started}   Status {status}"]
+    current = state.read["current"]
+    if current and state.last_run_end:
+        newest = max((c.ts for c in current.values() if c.ts), default=None)
+        if newest is not None:
+            ago = (datetime.now(timezone.utc) - state.last_run_end).total_seconds()
+            lines.append(f"Checkpoint Lag       {_lag((state.last_run_end - newest).total_seconds())} "
+                         f"(updated {_lag(ago)} ago)")
+    for thread, c in sorted(current.items()):
+        lines.append(f"Log Read Checkpoint  File {c.segment}")
+        lines.append(f"                     {_time(c.ts)[:19]}  Thread {thread}, Seqno {c.sequence}, RBA {c.rba}")
+    if not current:
+        lines.append(f"Log Read Checkpoint  not yet read; begins at {state.begin_spec} (scn {state.begin_scn})")
+    w = state.write
+    lines.append(f"Write Checkpoint     Trail {state.exttrail}, Seqno {w.seqno}, RBA {w.rba}, "
+                 f"last CSN {w.last_csn or 'none'}")
+    waiting = [t for t in state.open if t.skip_reason is None]
+    lines.append(f"Open Transactions    {len(waiting)}" + (f" (+{len(state.open) - len(waiting)} skipped)"
+                                                           if len(state.open) > len(waiting) else ""))
+    if showch is None:
+        return "\n".join(lines)
+
+    lines += ["", "Current Checkpoint Detail:"]
+    threads = sorted(set().union(*(state.read[k].keys() for k in ckpt.READ_KINDS)))
+    for index, thread in enumerate(threads, start=1):
+        lines += ["", f"Read Checkpoint #{index}", "", "    Redo Archive"]
+        for kind in ckpt.READ_KINDS:
+            if thread in state.read[kind]:
+                lines += _read_block(kind, state.read[kind][thread])
+    lines += ["", "Write Checkpoint #1", "", "    Trail", "    Current Checkpoint (current write position):",
+              f"        Sequence #: {w.seqno}", f"        RBA: {w.rba}", f"        Timestamp: {_time(w.written_at)}",
+              f"        Last CSN: {w.last_csn or 'none'}", f"        Extract Trail: {state.exttrail}",
+              "", "    Status:", f"        Begin = {state.begin_spec} (scn {state.begin_scn})",
+              f"        Read below SCN = {state.read_scn if state.read_scn is not None else 'Not Available'}",
+              f"        Start Time = {_time(state.last_started)[:19]}",
+              f"        Last Update Time = {_time(state.last_run_end)[:19]}"]
+    for run in runs:
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {_time(run['ended_at'])[:19]}, "
+                      f"read scn {run['read_from_scn']}..{run['horizon_scn']}, {run['records_read']} records read, "
+                      f"{run['transactions']} transactions written"]
+        read = run["checkpoints"]["read"]
+        for thread in sorted(read.get("current", {}), key=int):
+            c = read["current"][thread]
+            r = read["recovery"].get(thread, c)
+            lines.append(f"    Thread {thread}: current Seqno {c['sequence']} RBA {c['rba']} SCN {c['scn']}; "
+                         f"recovery Seqno {r['sequence']} RBA {r['rba']} SCN {r['scn']}")
+        wr = run["checkpoints"]["write"]
+        lines.append(f"    Write: Seqno {wr['seqno']} RBA {wr['rba']} last CSN {wr['last_csn']}")
+    return "\n".join(lines)

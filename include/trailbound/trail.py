@@ -1,0 +1,230 @@
+"""Trail files: committed transactions in commit order, one Parquet file per trail seqno.
+
+A trail is a prefix (`var/dirdat/lt`) plus a 9-digit seqno: `var/dirdat/lt000000001`.
+Each file holds whole transactions (rollover happens only between transactions), and a
+record's RBA is its ordinal in the file. A file is verifiable on its own: its footer
+carries the format version, record count, first and last CSN, and a SHA-256 of its
+content, and every Parquet page carries a CRC. Files are immutable once a committed
+write checkpoint covers them; a file past the committed checkpoint is invisible and the
+next run overwrites it. See docs/trail-format.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trailbound.errors import TrailboundError
+from trailbound.positions import Csn, TrailPosition
+
+FORMAT_VERSION = 1
+_METADATA_KEY = b"trailbound.trail"
+
+# Transaction indicator, as GoldenGate's TransInd: where a record sits in its transaction.
+BEGIN, MIDDLE, END, WHOLE = 0, 1, 2, 3
+
+SCHEMA = pa.schema([
+    ("rba", pa.int64()),
+    ("trans_ind", pa.int8()),
+    ("csn", pa.int64()),            # commit SCN
+    ("csn_thread", pa.int32()),     # ... and the COMMIT record's position, which orders ties
+    ("csn_sequence", pa.int64()),
+    ("csn_rba", pa.int64()),
+    ("xid", pa.string()),
+    ("commit_ts", pa.timestamp("us", tz="UTC")),
+    ("op", pa.string()),
+    ("table", pa.string()),
+    ("before", pa.string()),
+    ("after", pa.string()),
+    ("src_thread", pa.int32()),     # the record's own position in the redo archive
+    ("src_sequence", pa.int64()),
+    ("src_rba", pa.int64()),
+    ("src_scn", pa.int64()),
+    ("log_bsn", pa.int64()),        # recovery SCN of the capture run that wrote it
+])
+COLUMNS = SCHEMA.names
+# Commit order: CSN, then the record's position within its transaction.
+_ORDER_KEY = ("csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba")
+
+
+class TrailError(TrailboundError):
+    """A trail file that is not what its metadata says. Names the file (and rba)."""
+
+    def __init__(self, path, message: str, rba: int | None = None):
+        where = f"{path}" if rba is None else f"{path} rba {rba}"
+        super().__init__(f"{where}: {message}")
+        self.path, self.rba = str(path), rba
+
+
+def trail_path(prefix: Path, seqno: int) -> Path:
+    return prefix.with_name(f"{prefix.name}{seqno:09d}")
+
+
+def csn_of(row: dict) -> Csn:
+    return Csn(row["csn"], row["csn_thread"], row["csn_sequence"], row["csn_rba"])
+
+
+@dataclass(frozen=True)
+class TrailFileInfo:
+    seqno: int
+    path: Path
+    records: int
+    bytes: int
+    sha256: str        # of the whole file, for shipping checks
+    first_csn: Csn
+    last_csn: Csn
+    log_bsn: int
+
+    @property
+    def end(self) -> TrailPosition:
+        return TrailPosition(self.seqno, self.records)
+
+
+def _content_digest(table: pa.Table) -> str:
+    """SHA-256 of the records themselves (Arrow IPC of the table without metadata), so
+    a file can be checked without any outside record of it."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as stream:
+        stream.write_table(table.replace_schema_metadata(None).cast(SCHEMA))
+    return hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: int) -> TrailFileInfo:
+    """Write one complete trail file (atomically: temporary name, fsync, rename)."""
+    table = table.cast(SCHEMA).replace_schema_metadata(None)
+    first, last = csn_of(table.slice(0, 1).to_pylist()[0]), csn_of(table.slice(len(table) - 1).to_pylist()[0])
+    meta = {"format_version": FORMAT_VERSION, "group": group, "trail": prefix.name, "seqno": seqno,
+            "records": len(table), "first_csn": str(first), "last_csn": str(last), "log_bsn": log_bsn,
+            "content_sha256": _content_digest(table)}
+    path = trail_path(prefix, seqno)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()}), temporary,
+                   compression="zstd", write_page_checksum=True)
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return TrailFileInfo(seqno, path, len(table), path.stat().st_size, _file_sha256(path), first, last, log_bsn)
+
+
+class TrailWriter:
+    """Writes a commit-ordered stream of record batches into trail files from
+    `start_seqno` on, rolling over between transactions once a file reaches `max_bytes`
+    (measured as Arrow bytes; the file on disk is smaller, compressed)."""
+
+    def __init__(self, prefix: Path, start_seqno: int, *, max_bytes: int, group: str, log_bsn: int):
+        self.prefix, self.seqno, self.max_bytes = prefix, start_seqno, max_bytes
+        self.group, self.log_bsn = group, log_bsn
+        self.files: list[TrailFileInfo] = []
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bytes = 0
+        self._last_key: tuple | None = None
+
+    def _check_order(self, batch: pa.RecordBatch) -> None:
+        # Cheap insurance that the stream really is in commit order: the trail's whole
+        # contract rests on it. Vectorised: a lexicographic "each key >= the previous".
+        if not len(batch):
+            return
+        keys = [batch.column(name).to_numpy(zero_copy_only=False) for name in _ORDER_KEY]
+        if self._last_key is not None:
+            keys = [np.concatenate([[previous], column]) for previous, column in zip(self._last_key, keys)]
+        ok = np.zeros(len(keys[0]) - 1, dtype=bool)
+        tied = np.ones(len(keys[0]) - 1, dtype=bool)
+        for column in keys:
+            ok |= tied & (column[1:] > column[:-1])
+            tied &= column[1:] == column[:-1]
+        ok |= tied
+        if not ok.all():
+            at = int(np.argmin(ok))
+            raise TrailboundError(f"internal error: trail records out of commit order at batch row {at}")
+        self._last_key = tuple(column[-1] for column in keys)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self._check_order(batch)
+        while len(batch):
+            row_bytes = max(1, batch.nbytes // len(batch))
+            room = max(0, self.max_bytes - self._pending_bytes)
+            ends = pc.indices_nonzero(pc.is_in(batch.column("trans_ind"), pa.array([END, WHOLE], pa.int8())))
+            ends = ends.to_numpy()
+            past_limit = ends[(ends + 1) * row_bytes >= room]
+            if not len(past_limit):  # no transaction ends past the limit in this batch: keep it all
+                self._pending.append(batch)
+                self._pending_bytes += batch.nbytes
+                return
+            cut = int(past_limit[0])
+            self._pending.append(batch.slice(0, cut + 1))
+            self._flush()
+            batch = batch.slice(cut + 1)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = pa.Table.from_batches(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        if len(table) == 0:
+            return
+        table = table.set_column(table.schema.get_field_index("rba"), "rba", pa.array(range(len(table)), pa.int64()))
+        self.files.append(write_file(self.prefix, self.seqno, table, group=self.group, log_bsn=self.log_bsn))
+        self.seqno += 1
+
+    def close(self) -> list[TrailFileInfo]:
+        self._flush()
+        return self.files
+
+
+def read_metadata(path: Path) -> dict:
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TrailError(path, f"not a readable trail file: {exc}") from None
+    if _METADATA_KEY not in metadata:
+        raise TrailError(path, "not a trailbound trail file (no trail metadata)")
+    return json.loads(metadata[_METADATA_KEY])
+
+
+def read_file(path: Path, *, verify: bool = True) -> pa.Table:
+    """The records of a trail file; with `verify`, checked against its own metadata."""
+    meta = read_metadata(path)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise TrailError(path, f"trail format version {meta.get('format_version')} is not {FORMAT_VERSION}")
+    try:
+        table = pq.read_table(path, page_checksum_verification=True).replace_schema_metadata(None)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TrailError(path, f"damaged trail file: {exc}") from None
+    if verify:
+        if len(table) != meta["records"]:
+            raise TrailError(path, f"holds {len(table)} records, its metadata says {meta['records']}")
+        if _content_digest(table) != meta["content_sha256"]:
+            raise TrailError(path, "content checksum does not match its metadata")
+    return table
+
+
+def iter_records(path: Path, from_rba: int = 0, count: int | None = None) -> Iterator[dict]:
+    table = read_file(path)
+    end = len(table) if count is None else min(len(table), from_rba + count)
+    yield from table.slice(from_rba, max(0, end - from_rba)).to_pylist()
+
+
+def existing_files(prefix: Path) -> Iterable[Path]:
+    if not prefix.parent.is_dir():
+        return []
+    width = len(prefix.name) + 9
+    return sorted(p for p in prefix.parent.iterdir()
+                  if p.name.startswith(prefix.name) and len(p.name) == width and p.name[-9:].isdigit())
