@@ -74,6 +74,22 @@ def _drop(admin, name: str) -> None:
     admin.close()
 
 
+@pytest.fixture(scope="session")
+def new_metadata_database(pg_server_dsn, metadata_template):
+    """Factory for metadata databases that outlive one test (module-scoped references);
+    all are dropped at the end of the session."""
+    made = []
+
+    def make() -> str:
+        name, admin = _fresh_database(pg_server_dsn, metadata_template)
+        made.append((admin, name))
+        return psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name)
+
+    yield make
+    for admin, name in made:
+        _drop(admin, name)
+
+
 @pytest.fixture
 def metadata_dsn(pg_server_dsn, metadata_template):
     """DSN of a per-test metadata database with every migration applied."""

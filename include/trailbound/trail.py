@@ -90,12 +90,24 @@ class TrailFileInfo:
 
 
 def _content_digest(table: pa.Table) -> str:
-    """SHA-256 of the records themselves (Arrow IPC of the table without metadata), so
-    a file can be checked without any outside record of it."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, SCHEMA) as stream:
-        stream.write_table(table.replace_schema_metadata(None).cast(SCHEMA))
-    return hashlib.sha256(sink.getvalue()).hexdigest()
+    """SHA-256 of the records themselves, so a file can be checked without any outside
+    record of it. Computed from values only (validity, integers, string bytes), never
+    from Arrow buffers, whose layout depends on who built them."""
+    table = table.replace_schema_metadata(None).cast(SCHEMA).combine_chunks()
+    digest = hashlib.sha256(len(table).to_bytes(8, "little"))
+    for field in SCHEMA:
+        column = table.column(field.name)
+        array = column.chunk(0) if column.num_chunks else pa.array([], field.type)
+        digest.update(np.packbits(pc.is_valid(array).to_numpy(zero_copy_only=False)).tobytes())
+        if pa.types.is_string(field.type):
+            filled = array.fill_null("")
+            offsets = np.frombuffer(filled.buffers()[1], dtype=np.int32)[filled.offset:filled.offset + len(filled) + 1]
+            digest.update(np.diff(offsets).astype("<i4").tobytes())
+            if len(filled):
+                digest.update(filled.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]])
+        else:
+            digest.update(array.cast(pa.int64()).fill_null(0).to_numpy().astype("<i8").tobytes())
+    return digest.hexdigest()
 
 
 def _file_sha256(path: Path) -> str:

@@ -1,0 +1,245 @@
+"""Capture (Extract) runs on hand-written archives: commit order, rollbacks, long open
+transactions, recovery, idempotence, crashes at every named point, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg2
+import pytest
+
+from capture_kit import (at, committed_trail, ins, load_config, new_archive, rec, state, transactions,
+                         write_config)
+from trailbound import cli, trail
+from trailbound.capture.run import CRASH_ENV, CRASH_POINTS, run_extract
+from trailbound.errors import ArchiveError
+from trailbound.metadata import MetadataStore
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+
+def run(spark, store, config, until=None):
+    return run_extract(spark, store, config, "EXT1", until=until)
+
+
+def test_commit_order_across_three_threads(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "T1", 1), rec(50, "T1", "COMMIT")], 100)
+    archive.segment(2, [ins(20, "T2", 2), rec(50, "T2", "COMMIT")], 100, fmt="jsonl")
+    archive.segment(3, [ins(30, "T3", 3), rec(40, "T3", "COMMIT"), ins(41, "T4", 4), ins(42, "T4", 5),
+                        rec(50, "T4", "COMMIT")], 100)
+    config = load_config(tmp_path)
+    result = run(spark, store, config)
+    records = committed_trail(store, config)
+    # T3 commits first; T1, T2 and T4 share commit scn 50 and are ordered by thread.
+    assert transactions(records) == [("T3", [3]), ("T1", [1]), ("T2", [2]), ("T4", [4, 5])]
+    assert [r["csn"] for r in records] == [40, 50, 50, 50, 50]
+    assert [r["trans_ind"] for r in records] == [trail.WHOLE, trail.WHOLE, trail.WHOLE, trail.BEGIN, trail.END]
+    assert [r["rba"] for r in records] == [0, 1, 2, 3, 4]
+    assert records[3]["src_thread"] == 3 and records[3]["src_sequence"] == 1 and records[3]["src_rba"] == 2
+    assert result.transactions_written == 4 and result.open_transactions == 0
+
+
+def test_rollbacks_and_rolled_back_savepoints_leave_no_trace(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [
+        rec(1, "T1", "BEGIN"), ins(2, "T1", 1),
+        ins(3, "S1", 2, parent_xid="T1"), rec(4, "S1", "ROLLBACK", parent_xid="T1"),    # rolled-back savepoint
+        ins(5, "S2", 3, parent_xid="T1"),                                               # released: kept
+        ins(6, "S3", 4, parent_xid="T1"), ins(7, "S4", 5, parent_xid="S3"),
+        ins(8, "T2", 6), rec(9, "T2", "ROLLBACK"),                                       # whole rollback
+        rec(10, "S4", "ROLLBACK", parent_xid="T1"), rec(10, "S3", "ROLLBACK", parent_xid="T1"),  # nested
+        ins(11, "T1", 7), rec(12, "T1", "COMMIT")], 100)
+    config = load_config(tmp_path)
+    run(spark, store, config)
+    assert transactions(committed_trail(store, config)) == [("T1", [1, 3, 7])]
+
+
+def test_a_transaction_open_across_many_runs_is_written_once_whole(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    config = load_config(tmp_path)
+    # L starts in segment 1, adds a row in every segment, commits in segment 8; a short
+    # transaction commits in every segment.
+    for n in range(1, 9):
+        base = n * 100
+        records = [ins(base - 90, f"S{n}", 1000 + n), rec(base - 80, f"S{n}", "COMMIT"), ins(base - 50, "L", n)]
+        if n == 8:
+            records.append(rec(base - 10, "L", "COMMIT"))
+        archive.segment(1, records, base)
+    for n in range(1, 8):
+        run(spark, store, config, until=at(n * 100))
+        written = transactions(committed_trail(store, config))
+        assert "L" not in [xid for xid, _ in written]
+        st = state(store)
+        [long_one] = [t for t in st.open if t.xid == "L"]
+        assert (long_one.start.sequence, long_one.start.rba, long_one.start.scn) == (1, 2, 50)
+        assert st.read["recovery"][1].scn == 50, "recovery restarts at the oldest open transaction"
+    run(spark, store, config, until=at(800))
+    run(spark, store, config)  # and again: nothing may be written twice
+    written = transactions(committed_trail(store, config))
+    assert written == [(f"S{n}", [1000 + n]) for n in range(1, 9)][:8] + [("L", list(range(1, 9)))] \
+        or written == [*[(f"S{n}", [1000 + n]) for n in range(1, 9)], ("L", list(range(1, 9)))]
+    assert [xid for xid, _ in written].count("L") == 1
+    assert state(store).open == []
+
+
+def test_reruns_are_idempotent(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "B", 2)], 100)
+    archive.segment(1, [rec(110, "B", "COMMIT")], 200)
+    config = load_config(tmp_path)
+    run(spark, store, config, until=at(100))
+    first = committed_trail(store, config)
+    assert "nothing new" in run(spark, store, config, until=at(100)).describe()
+    assert committed_trail(store, config) == first
+    run(spark, store, config)
+    whole = committed_trail(store, config)
+    run(spark, store, config)
+    assert committed_trail(store, config) == whole
+    assert transactions(whole) == [("A", [1]), ("B", [2])]
+
+
+def test_table_selection_still_tracks_transactions_it_does_not_write(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "HR", 1, table="hr.salaries"), ins(20, "MIX", 2, table="hr.salaries"),
+                        ins(21, "MIX", 3), rec(22, "MIX", "COMMIT")], 100)
+    archive.segment(1, [rec(110, "HR", "COMMIT")], 200)
+    config = load_config(tmp_path)
+    run(spark, store, config, until=at(100))
+    assert [t.xid for t in state(store).open] == ["HR"]  # open, though it touches no selected table
+    assert state(store).read["recovery"][1].scn == 10
+    run(spark, store, config)
+    assert transactions(committed_trail(store, config)) == [("MIX", [3])]
+    assert state(store).open == []
+
+
+def test_trail_files_roll_over_between_transactions(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    records = []
+    for n in range(40):
+        records += [ins(10 * n + 1, f"T{n}", 2 * n), ins(10 * n + 2, f"T{n}", 2 * n + 1), rec(10 * n + 3, f"T{n}", "COMMIT")]
+    archive.segment(1, records, 1000)
+    config = load_config(tmp_path, megabytes=0.002)
+    result = run(spark, store, config)
+    assert len(result.files) > 3
+    records = committed_trail(store, config)
+    assert len(records) == 80
+    for seqno in {r["seqno"] for r in records}:
+        in_file = [r for r in records if r["seqno"] == seqno]
+        assert [r["rba"] for r in in_file] == list(range(len(in_file)))
+        assert in_file[0]["trans_ind"] == trail.BEGIN and in_file[-1]["trans_ind"] == trail.END
+    for path in trail.existing_files(config.path(config.extract("EXT1").exttrail)):
+        meta = trail.read_metadata(path)
+        assert meta["format_version"] == trail.FORMAT_VERSION and meta["records"] == len(trail.read_file(path))
+
+
+def _crash_scenario(tmp_path):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "LONG", 2)], 100)
+    archive.segment(2, [ins(40, "B", 3), ins(41, "B", 4), rec(60, "B", "COMMIT")], 100, fmt="jsonl")
+    archive.segment(1, [ins(110, "C", 5), rec(120, "C", "COMMIT"), ins(130, "LONG", 6)], 200)
+    archive.segment(2, [ins(150, "D", 7), rec(160, "D", "COMMIT")], 200)
+    archive.segment(1, [rec(210, "LONG", "COMMIT"), ins(220, "E", 8), rec(230, "E", "COMMIT")], 300)
+    archive.segment(2, [], 300)
+    # Tiny trail files (one transaction each), so a run writes several and can die between them.
+    return write_config(tmp_path, megabytes=0.0001)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
+    from trailbound import config as configuration
+
+    directory = tmp_path_factory.mktemp("reference")
+    config = configuration.load(_crash_scenario(directory))
+    with MetadataStore.open(new_metadata_database()) as reference_store:
+        for until in (at(100), at(200), at(300)):
+            run(spark, reference_store, config, until)
+        return committed_trail(reference_store, config)
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_crash_at_any_point_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store, point,
+                                                                         uninterrupted_trail):
+    from trailbound import config as configuration
+
+    config_path = _crash_scenario(tmp_path)
+    config = configuration.load(config_path)
+    run(spark, store, config, at(100))
+    before = state(store)
+    env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn}
+    crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path),
+                              "extract", "run", "EXT1", "--until", at(200).isoformat()],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    after = state(store)
+    if point == "after_checkpoint_commit":
+        assert after.read_scn == 200
+    else:
+        assert (after.read_scn, after.write) == (before.read_scn, before.write), "no checkpoint may move"
+    run(spark, store, config, at(200))
+    run(spark, store, config, at(300))
+    assert committed_trail(store, config) == uninterrupted_trail
+    assert transactions(uninterrupted_trail) == [("A", [1]), ("B", [3, 4]), ("C", [5]), ("D", [7]),
+                                                 ("LONG", [2, 6]), ("E", [8])]
+    assert len({r["seqno"] for r in uninterrupted_trail}) == 6
+
+
+def test_a_record_after_commit_across_runs_stops_capture_and_moves_nothing(tmp_path, spark, store):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), ins(15, "OPEN", 9), rec(20, "A", "COMMIT")], 100)
+    config = load_config(tmp_path)
+    run(spark, store, config)
+    before = state(store)
+    bad = archive.segment(1, [ins(110, "OPEN", 10), rec(115, "OPEN", "COMMIT"), ins(120, "OPEN", 11)], 200)
+    with pytest.raises(ArchiveError) as error:
+        run(spark, store, config)
+    assert error.value.path.endswith("arch_1_000000002.parquet") and error.value.rba == 2
+    assert "record of transaction OPEN after its COMMIT at sequence 2 rba 1" in str(error.value)
+    after = state(store)
+    assert (after.read_scn, after.write, after.open) == (before.read_scn, before.write, before.open)
+    assert bad.exists()
+
+
+def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, spark, store, capsys):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "INFLIGHT", 2)], 100)
+    archive.segment(1, [ins(110, "B", 3), rec(120, "INFLIGHT", "COMMIT"), rec(130, "B", "COMMIT")], 200)
+    config_path = write_config(tmp_path)
+    os.environ["TRAILBOUND_METADATA_DSN"] = store.connection.dsn
+    holder = psycopg2.connect(store.connection.dsn)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(hashtext('extract:EXT1'))")
+        assert cli.main(["--config", str(config_path), "add", "extract", "EXT1"]) == 0
+        assert cli.main(["--config", str(config_path), "alter", "extract", "EXT1", "begin", "scn", "100"]) == 1
+        assert "held by a running capture" in capsys.readouterr().err
+    finally:
+        holder.close()
+    assert cli.main(["--config", str(config_path), "alter", "extract", "EXT1", "begin", "scn", "100"]) == 0
+    run(spark, store, load_config(tmp_path))
+    # INFLIGHT started before scn 100: never written; B started after: written.
+    assert transactions(committed_trail(store, load_config(tmp_path))) == [("B", [3])]
+
+
+def test_info_showch_and_logdump(tmp_path, spark, store, capsys):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "a/../b", 1), rec(20, "a/../b", "COMMIT"), ins(30, "OPEN", 2)], 100)
+    config_path = write_config(tmp_path)
+    os.environ["TRAILBOUND_METADATA_DSN"] = store.connection.dsn
+    assert cli.main(["--config", str(config_path), "extract", "run", "EXT1"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--config", str(config_path), "info", "extract", "ext1", "--showch", "3"]) == 0
+    shown = capsys.readouterr().out
+    for expected in ("Status STOPPED", "Startup Checkpoint", "Recovery Checkpoint", "Current Checkpoint",
+                     "Sequence #: 1", "SCN: 30", "Write Checkpoint #1", "Last CSN: 20@1:1:1", "Checkpoint history"):
+        assert expected in shown
+    trail_file = tmp_path / "dirdat" / "lt000000001"
+    assert cli.main(["logdump", str(trail_file), "--json"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    record = json.loads(line)
+    assert record | {"commit_ts": None} == {"seqno": 1, "rba": 0, "trans_ind": 3, "csn": "20@1:1:1", "xid": "a/../b",
+                                            "commit_ts": None, "op": "INSERT", "table": "shop.orders",
+                                            "before": None, "after": '{"id":1,"note":"n1"}'}
