@@ -1,8 +1,8 @@
 """Shared fixtures: a real PostgreSQL server and a real local Spark session.
 
 PostgreSQL: the server named by $TRAILBOUND_METADATA_DSN when set (`make test` sets it
-to its throwaway server), else one this suite starts under var/test-pg and stops at the
-end. Each test that needs the metadata store gets its own database, cloned from a
+to its throwaway server), else one this suite starts under var/test-pg/<pid> and removes
+at the end. Each test that needs the metadata store gets its own database, cloned from a
 template that the project's own migrations built once per session.
 
 Spark: one local[2] session for the whole run, UI off; starting one costs seconds.
@@ -37,11 +37,13 @@ def pg_server_dsn():
     if given:
         yield psycopg2.extensions.make_dsn(given, dbname="postgres")
         return
-    server = LocalServer(REPO / "var" / "test-pg").start()
+    # One cluster per test session: two suites running at once must not share (or stop)
+    # each other's server.
+    server = LocalServer(REPO / "var" / "test-pg" / str(os.getpid())).start()
     try:
         yield server.dsn("postgres")
     finally:
-        server.stop()
+        server.remove()
 
 
 @pytest.fixture(scope="session")

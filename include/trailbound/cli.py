@@ -225,8 +225,12 @@ def simulate(ctx: Context) -> int:
     args = ctx.args
     archive = args.archive or ctx.config.archive_dir(ctx.source_name())
     truth = args.truth or Path(archive).parent / "truth.json"
-    summary = simulator.simulate(Path(archive), Path(truth), seed=args.seed, records=args.records,
-                                 hours=args.hours, threads=args.threads, fmt=args.format)
+    try:
+        summary = simulator.simulate(Path(archive), Path(truth), seed=args.seed, records=args.records,
+                                     hours=args.hours, threads=args.threads, fmt=args.format)
+    except FileExistsError as exc:
+        raise TrailboundError(f"{archive}: already holds an archive ({exc}); simulate writes into an empty "
+                              "directory") from None
     print(summary.describe())
     print(f"Archive: {archive}\nTruth:   {truth}")
     return 0

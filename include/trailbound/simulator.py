@@ -290,7 +290,6 @@ class RedoThread:
         self.accepting = True            # starts new transactions
         self.closed = False
         self.segments = 0
-        self.bytes = 0
 
 
 @dataclass
@@ -350,6 +349,7 @@ class Simulator:
         self.count = 0                 # records emitted so far
         self.scn = 999                 # last SCN handed out
         self.previous_commit_thread = 0  # thread of the previous record if it was a COMMIT
+        self.hold_scn = False            # the next records get the last SCN again (a handoff)
         self.last_csn = 0
         self.committed = 0
         self.rolled_back = 0
@@ -359,7 +359,7 @@ class Simulator:
             "rolled_back_transactions", "rolled_back_savepoints", "nested_savepoint_rollbacks",
             "released_savepoints", "pk_updates", "keyless_changes", "truncates_committed",
             "truncates_rolled_back", "hostile_xids", "shared_commit_scns", "large_values",
-            "empty_segments", "long_transactions",
+            "empty_segments", "long_transactions", "handoffs",
         ], 0)
 
         self.tables = source_tables()
@@ -382,6 +382,7 @@ class Simulator:
         self._text_prefix = ""
         self.last_seen_us = 0
         self.workload = Workload(self)
+        self.bytes = 0  # data files written
         self._plan(quiet_stretches, close_at)
 
     # ---- time and scheduling -------------------------------------------------------
@@ -428,6 +429,10 @@ class Simulator:
             self.schedule(self.at(fraction), lambda t=thread, c=commit, s=in_savepoint:
                           self._start_truncate(t, c, s))
 
+        if len(self.busy_threads) > 1:
+            for fraction in HANDOFF_TIMES:
+                self.schedule(self.at(fraction), self._handoff)
+
         self.schedule(1 << 62, lambda: None)  # sentinel: the heap is never empty
 
     def _start_long(self, story, thread: RedoThread, until: int | None, every: int, outcome: str) -> None:
@@ -443,9 +448,31 @@ class Simulator:
 
     def _start_truncate(self, thread: RedoThread, commit: bool, in_savepoint: bool) -> None:
         table = self.table[CARTS]
+        # Someone is shopping right now (one change written here, at once): the TRUNCATE
+        # must wait until that transaction ends.
+        shopper = self.new_txn(self.busy_threads[-1])
+        shopper.gen = self.workload.cart_story(shopper)
+        next(shopper.gen, None)
         table.draining = True  # like a lock queue: new users wait behind the TRUNCATE
         txn = self.new_txn(thread)
         txn.gen = self.workload.truncate_story(txn, table, commit, in_savepoint)
+
+    def _handoff(self) -> None:
+        """Two transactions on two threads change the same row one right after the other
+        and commit at the same SCN: only the tie-break (scn, thread, sequence, rba) applies
+        them in the right order. Written at once (four records), so nothing comes between."""
+        if self.total - self.count < 4:
+            return
+        self.hold_scn = False
+        first = self.new_txn(self.busy_threads[0])
+        ident = self.workload.reprice_or_stock(first)
+        self.end(first, commit=True)
+        self.hold_scn = True
+        second = self.new_txn(self.busy_threads[1])
+        self.workload.reprice_or_stock(second, ident)
+        self.end(second, commit=True)
+        self.hold_scn = False
+        self.features["handoffs"] += 1
 
     def _set_accepting(self, thread: RedoThread, accepting: bool) -> None:
         thread.accepting = accepting
@@ -526,13 +553,16 @@ class Simulator:
             self._switch_segments(ts)
         if self.segment_records and len(thread.rows) >= self.segment_records:
             self._close_segment(thread, ts)
-        if (op == "COMMIT" and 0 < self.previous_commit_thread < thread.number
-                and thread.first_scn <= self.scn and self.rng.random() < 0.5):
+        if thread.first_scn > self.scn:  # a new segment starts above the last SCN handed out
+            self.scn = scn = self.scn + 1
+        elif self.hold_scn or (op == "COMMIT" and 0 < self.previous_commit_thread < thread.number
+                               and self.rng.random() < 0.5):
             # Commits on two threads at the very same SCN: only the tie-break (scn, thread,
             # sequence, rba) orders them. The lower thread committed first, so the
             # contract's order is the order the changes really happened in.
             scn = self.scn
-            self.features["shared_commit_scns"] += 1
+            if op == "COMMIT":
+                self.features["shared_commit_scns"] += 1
         else:
             self.scn = scn = self.scn + 1
         self.previous_commit_thread = thread.number if op == "COMMIT" else 0
@@ -574,7 +604,7 @@ class Simulator:
             first_time=from_micros(thread.first_us), next_time=from_micros(at_us),
             fmt=fmt, closed=closed,
         )
-        thread.bytes += os.path.getsize(self.archive / data_name(thread.number, thread.sequence, fmt))
+        self.bytes += os.path.getsize(self.archive / data_name(thread.number, thread.sequence, fmt))
         thread.segments += 1
         thread.sequence += 1
         thread.first_scn = next_scn
@@ -615,6 +645,16 @@ class Simulator:
                 if row is not None:
                     return ident, row
         return None
+
+    def pick_row(self, txn: Txn, table: SimTable, ident) -> dict | None:
+        """Lock a given row for the transaction; None if another one holds it."""
+        owner = table.locks.get(ident)
+        if owner is None:
+            table.locks[ident] = txn
+            txn.locks.append((table, ident))
+        elif owner is not txn:
+            return None
+        return self.view(txn, table, ident)
 
     def view(self, txn: Txn, table: SimTable, ident) -> dict | None:
         changes = txn.overlay.get(table)
@@ -848,6 +888,8 @@ LONG_STORIES = (
 )
 # TRUNCATE of shop.cart_sessions, as fractions of the duration (every ~5 h at 48 h).
 TRUNCATE_TIMES = tuple(0.07 + 0.1 * n for n in range(10))
+# Handoffs of one row between two threads at one SCN (Simulator._handoff).
+HANDOFF_TIMES = tuple(0.1 + 0.04 * n for n in range(20))
 
 
 class Workload:
@@ -905,15 +947,16 @@ class Workload:
         rate = self.sim.rollback_rate if rollback_rate is None else rollback_rate
         self.sim.end(txn, commit=not self.chance(rate))
 
-    def trim(self, txn: Txn, table: SimTable) -> bool:
-        """Keep a table near its cap: a delete for an insert once it is full."""
-        if len(table.rows) <= table.cap:
-            return False
-        picked = self.sim.pick(txn, table)
-        if picked is None:
-            return False
-        self.sim.delete(txn, table, *picked, full_before=self.chance(0.3))
-        return True
+    def trim(self, txn: Txn, table: SimTable, inserted: int = 1) -> Iterator:
+        """Keep a table near its cap: once it is full, a delete for every row inserted."""
+        for _ in range(inserted):
+            if len(table.rows) <= table.cap:
+                return
+            picked = self.sim.pick(txn, table)
+            if picked is None:
+                return
+            self.sim.delete(txn, table, *picked, full_before=self.chance(0.3))
+            yield
 
     def roll_back_to(self, txn: Txn, level: int) -> Iterator:
         for sub_xid in self.sim.undo_savepoints(txn, level):
@@ -1042,7 +1085,8 @@ class Workload:
         order = self.order_row(customer["id"])
         sim.insert(txn, t[ORDERS], order)
         yield
-        for _ in range(1 + self.below(4)):
+        lines = 1 + self.below(4)
+        for _ in range(lines):
             sim.insert(txn, t[LINES], self.line_row(order["id"]))
             yield
         if self.chance(0.1):  # the customer adds an item, and sometimes takes it out again
@@ -1061,9 +1105,9 @@ class Workload:
                            {"on_hand": item["on_hand"] - 1, "reserved": item["reserved"] + 1,
                             "updated_at": sim.now_text()})
                 yield
-        for table in (t[ORDERS], t[LINES], t[CUSTOMERS]):
-            if self.trim(txn, table):
-                yield
+        yield from self.trim(txn, t[ORDERS])
+        yield from self.trim(txn, t[LINES], lines)
+        yield from self.trim(txn, t[CUSTOMERS])
         self.commit_or_rollback(txn)
 
     def fulfilment_story(self, txn: Txn) -> Iterator:
@@ -1110,7 +1154,8 @@ class Workload:
     def browsing_story(self, txn: Txn) -> Iterator:
         """The keyless table: updates and deletes identify rows by all their columns."""
         sim, views = self.sim, self.t[PAGE_VIEWS]
-        for _ in range(1 + self.below(3)):
+        inserted = 1 + self.below(3)
+        for _ in range(inserted):
             sim.insert(txn, views, self.page_view_row())
             yield
         r = self.random()
@@ -1126,8 +1171,7 @@ class Workload:
                 else:
                     sim.delete(txn, views, ident, view)
                 yield
-        if self.trim(txn, views):
-            yield
+        yield from self.trim(txn, views, inserted)
         self.commit_or_rollback(txn)
 
     def customer_care_story(self, txn: Txn) -> Iterator:
@@ -1163,8 +1207,7 @@ class Workload:
                         changes["notes"] = self.choice(AWKWARD_TEXTS + [None])
                 sim.update(txn, customers, ident, customer, changes, full_before=self.chance(0.3))
             yield
-        if self.trim(txn, customers):
-            yield
+        yield from self.trim(txn, customers)
         self.commit_or_rollback(txn)
 
     def inventory_story(self, txn: Txn) -> Iterator:
@@ -1215,7 +1258,8 @@ class Workload:
                 changes = {column: value}
                 sim.update(txn, employees, ident, employee, changes, full_before=self.chance(0.3))
                 yield
-        for _ in range(1 + self.below(2)):
+        inserted = 1 + self.below(2)
+        for _ in range(inserted):
             sim.insert(txn, timesheets, self.timesheet_row(employee["emp_id"]))
             yield
         if self.chance(0.1):
@@ -1223,8 +1267,7 @@ class Workload:
             if picked is not None:
                 sim.delete(txn, timesheets, *picked, full_before=self.chance(0.3))
                 yield
-        if self.trim(txn, timesheets):
-            yield
+        yield from self.trim(txn, timesheets, inserted)
         self.commit_or_rollback(txn)
 
     def kunden_story(self, txn: Txn) -> Iterator:
@@ -1247,8 +1290,7 @@ class Workload:
                 sim.update(txn, kunden, ident, row, {c: fresh[c] for c in columns},
                            full_before=self.chance(0.3))
         yield
-        if self.trim(txn, kunden):
-            yield
+        yield from self.trim(txn, kunden)
         self.commit_or_rollback(txn)
 
     def cart_story(self, txn: Txn) -> Iterator:
@@ -1271,8 +1313,7 @@ class Workload:
                 else:
                     sim.delete(txn, carts, ident, cart, full_before=self.chance(0.3))
                 yield
-        if self.trim(txn, carts):
-            yield
+        yield from self.trim(txn, carts)
         self.commit_or_rollback(txn)
 
     def any_change(self, txn: Txn) -> None:
@@ -1346,6 +1387,23 @@ class Workload:
             sim.insert(txn, carts, self.cart_row())
             yield
         sim.end(txn, commit)
+
+    def reprice_or_stock(self, txn: Txn, ident=None):
+        """Reprice an inventory item (the given one, else any), or stock a new one if
+        there is none to take; returns the item's key."""
+        sim, inventory = self.sim, self.t[INVENTORY]
+        if ident is None:
+            picked = sim.pick(txn, inventory)
+        else:
+            row = sim.pick_row(txn, inventory, ident)
+            picked = None if row is None else (ident, row)
+        if picked is None:
+            item = self.inventory_row()
+            sim.insert(txn, inventory, item)
+            return item["sku"]
+        ident, item = picked
+        sim.update(txn, inventory, ident, item, {"price": self.precise(), "updated_at": sim.now_text()})
+        return ident
 
     def repricing(self, txn: Txn, until: int, every: int, outcome: str) -> Iterator[int]:
         """Reprices inventory one item at a time, holding every row it touched for hours."""
@@ -1487,7 +1545,7 @@ def simulate(
         rolled_back=sim.rolled_back,
         open_at_end=truth["transactions"]["open_at_end"],
         segments={t.number: t.segments for t in sim.threads},
-        bytes=sum(t.bytes for t in sim.threads),
+        bytes=sim.bytes,
         first_time=from_micros(sim.start_us),
         last_time=from_micros(sim.end_us),
         last_scn=sim.scn,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -65,26 +66,29 @@ class Decisions:
 class Assembly:
     trail: DataFrame          # trail columns except rba, in commit order
     transactions: DataFrame   # one row per transaction seen: thread, txid, start, end, fate, ...
-    violations: DataFrame     # records after their transaction's end: (thread, sequence, rba, file, message)
+    broken: DataFrame         # non-empty when some record comes after its transaction's end
+    violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
 
 
 def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tables: list[str], log_bsn: int) -> Assembly:
     r = records.withColumn("txid", F.coalesce("parent_xid", "xid"))
     position = F.struct("sequence", "rba")
 
-    ends = (r.where(F.col("op").isin(*contract.END_OPS) & F.col("parent_xid").isNull())
-            .groupBy("thread", "txid")
-            .agg(F.min(F.struct("sequence", "rba", "scn", "ts", "op")).alias("end")))
-    sub_rollbacks = (r.where((F.col("op") == "ROLLBACK") & F.col("parent_xid").isNotNull())
-                     .groupBy("thread", "xid").agg(F.min(position).alias("sub_end")))
-    skips = spark.createDataFrame(decisions.skips, _SKIPS)
-
+    top_level_end = F.col("op").isin(*contract.END_OPS) & F.col("parent_xid").isNull()
     size = F.coalesce(F.length("before"), F.lit(0)) + F.coalesce(F.length("after"), F.lit(0))
+    # One aggregation gives each transaction its start, its end (first top-level COMMIT
+    # or ROLLBACK) and its last record, which must not come after the end.
     txns = (r.groupBy("thread", "txid")
             .agg(F.min(F.struct("sequence", "rba", "scn", "ts")).alias("start"),
-                 F.count(F.lit(1)).alias("records"), F.sum(size).alias("bytes"))
-            .join(ends, ["thread", "txid"], "left")
-            .join(F.broadcast(skips), ["thread", "txid"], "left"))
+                 F.max(position).alias("last"),
+                 F.min(F.when(top_level_end, F.struct("sequence", "rba", "scn", "ts", "op"))).alias("end"),
+                 F.count(F.lit(1)).alias("records"), F.sum(size).alias("bytes")))
+    subs = (r.where(F.col("parent_xid").isNotNull())
+            .groupBy("thread", "xid")
+            .agg(F.min(F.when(F.col("op") == "ROLLBACK", position)).alias("rolled_back_at"),
+                 F.max(position).alias("last")))
+    skips = spark.createDataFrame(decisions.skips, _SKIPS)
+    txns = txns.join(F.broadcast(skips), ["thread", "txid"], "left")
     skip_reason = F.coalesce(
         F.col("skip_reason"),
         F.when(F.col("start.scn") < F.lit(decisions.begin_scn), F.lit("in flight at the begin point")))
@@ -103,14 +107,26 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
 
     # Records after their transaction ended (or after their savepoint rolled back) break
     # the contract; capture is the only reader that sees every segment in between.
-    after_end = (r.join(ends, ["thread", "txid"]).where(position > F.struct("end.sequence", "end.rba"))
-                 .select("thread", "sequence", "rba", "file", F.format_string(
-                     "record of transaction %s after its %s at sequence %d rba %d",
-                     "txid", "end.op", "end.sequence", "end.rba").alias("message")))
-    after_rollback = (r.join(sub_rollbacks, ["thread", "xid"]).where(position > F.col("sub_end"))
-                      .select("thread", "sequence", "rba", "file", F.format_string(
-                          "record of subtransaction %s after its ROLLBACK", "xid").alias("message")))
+    end_position = F.struct(F.col("end.sequence").alias("sequence"), F.col("end.rba").alias("rba"))
+    broken_txns = txns.where(F.col("end").isNotNull() & (F.col("last") > end_position)).select(
+        "thread", "txid", F.col("end.sequence").alias("end_sequence"), F.col("end.rba").alias("end_rba"),
+        F.col("end.op").alias("end_op"))
+    broken_subs = subs.where(F.col("last") > F.col("rolled_back_at")).select("thread", "xid", "rolled_back_at")
 
+    def violations() -> DataFrame:
+        """The offending records themselves; only computed when a check above fails."""
+        after_end = (r.join(broken_txns, ["thread", "txid"])
+                     .where((F.col("sequence") > F.col("end_sequence")) |
+                            ((F.col("sequence") == F.col("end_sequence")) & (F.col("rba") > F.col("end_rba"))))
+                     .select("thread", "sequence", "rba", "file", F.format_string(
+                         "record of transaction %s after its %s at sequence %d rba %d",
+                         "txid", "end_op", "end_sequence", "end_rba").alias("message")))
+        after_rollback = (r.join(broken_subs, ["thread", "xid"]).where(position > F.col("rolled_back_at"))
+                          .select("thread", "sequence", "rba", "file", F.format_string(
+                              "record of subtransaction %s after its ROLLBACK", "xid").alias("message")))
+        return after_end.unionByName(after_rollback)
+
+    sub_rollbacks = subs.where(F.col("rolled_back_at").isNotNull()).select("thread", "xid")
     written = txns.where(F.col("fate") == WRITE).select(
         "thread", "txid", F.col("end.scn").alias("csn"), F.col("end.sequence").alias("csn_sequence"),
         F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
@@ -130,4 +146,5 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
                  F.col("rba").alias("src_rba"), F.col("scn").alias("src_scn"),
                  F.lit(log_bsn).cast("long").alias("log_bsn"))
              .orderBy("csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba"))
-    return Assembly(trail=trail, transactions=txns, violations=after_end.unionByName(after_rollback))
+    return Assembly(trail=trail, transactions=txns, broken=broken_txns.select("thread").unionByName(
+        broken_subs.select("thread")), violations=violations)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,6 +70,19 @@ class group_lock:
                 cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
 
 
+class Stopwatch:
+    """Seconds spent per phase of a run, for `where the time goes` in benchmarks."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
+
+
 @dataclass
 class RunResult:
     group: str
@@ -79,6 +93,7 @@ class RunResult:
     files: list[trails.TrailFileInfo] = field(default_factory=list)
     open_transactions: int = 0
     note: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.note:
@@ -157,9 +172,11 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
     extract = config.extract(name)
     with group_lock(store, name):
         started_at = datetime.now(timezone.utc)
+        watch = Stopwatch()
         source = config.source_name(extract.source)
         catalog = ArchiveCatalog(store, source)
         catalog.scan(config.archive_dir(source), spark)
+        watch.lap("scan new segments")
         state = ensure_group(store, config, name)
         state.last_started = started_at
         horizon = catalog.horizon(until)
@@ -174,19 +191,21 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
                    .cache())
         try:
             return _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon_scn,
-                                        until, started_at, log_bsn)
+                                        until, started_at, log_bsn, watch)
         finally:
             records.unpersist()
 
 
 def _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon_scn, until, started_at,
-                         log_bsn) -> RunResult:
+                         log_bsn, watch: Stopwatch) -> RunResult:
     decisions = Decisions(read_scn=state.read_scn, begin_scn=state.begin_scn, last_written=state.write.last_csn,
                           skips=[(t.thread, t.xid, t.skip_reason) for t in state.open if t.skip_reason])
     assembly = assemble(spark, records, decisions, extract.table, log_bsn)
-    first_bad = assembly.violations.orderBy("thread", "sequence", "rba").limit(1).collect()
-    if first_bad:
-        bad = first_bad[0]
+    txns = assembly.transactions.cache()
+    broken = assembly.broken.limit(1).count()
+    watch.lap("read and group transactions")
+    if broken:
+        bad = assembly.violations().orderBy("thread", "sequence", "rba").limit(1).collect()[0]
         path = next((s.path for s in segments if s.path.name == bad["file"]), bad["file"])
         raise ArchiveError(path, bad["message"], rba=bad["rba"])
 
@@ -195,6 +214,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     staging = prefix.parent / f".staging-{state.group}"
     shutil.rmtree(staging, ignore_errors=True)
     assembly.trail.write.mode("overwrite").parquet(str(staging))
+    watch.lap("order committed records (Spark)")
     crashpoint("before_trail_write")
     writer = trails.TrailWriter(prefix, state.write.seqno + 1, max_bytes=int(extract.megabytes * 1024 * 1024),
                                 group=state.group, log_bsn=log_bsn)
@@ -205,9 +225,9 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
             if writer.files:
                 crashpoint("mid_trail_write")
     files = writer.close()
+    watch.lap("write trail files")
     crashpoint("after_trail_write")
 
-    txns = assembly.transactions
     fates = {row["fate"]: row["n"] for row in txns.groupBy("fate").agg(F.count(F.lit(1)).alias("n")).collect()}
     open_rows = txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())).collect()
     per_thread = records.groupBy("thread").agg(
@@ -246,10 +266,12 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         ckpt.commit_run(cur, state, files, {"started_at": started_at, "until": until, "read_from_scn": read_from,
                                             "horizon_scn": horizon_scn, "records_read": records_read,
                                             "transactions": fates.get(WRITE, 0), "records_written": records_written})
+    watch.lap("checkpoints")
     crashpoint("after_checkpoint_commit")
+    txns.unpersist()
     shutil.rmtree(staging, ignore_errors=True)
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
-                     len(state.open))
+                     len(state.open), timings=watch.phases)
 
 
 def _remove_uncommitted_files(store: MetadataStore, prefix: Path, committed_seqno: int) -> None:
