@@ -28,6 +28,7 @@ from trailbound.archive.contract import (
     RECORD_FIELDS,
     SEGMENT_RE,
 )
+from replay_kit import apply_change, canonical, row_identity
 from trailbound.simulator import simulate
 
 # Small but complete: every scheduled story still happens (they are placed at fractions
@@ -142,12 +143,6 @@ def transactions(archive: Archive) -> dict[str, Transaction]:
 # The independent replay
 # --------------------------------------------------------------------------------------
 
-def row_identity(table_key: list[str], columns: list[str], image: dict) -> tuple:
-    """Keyed tables by their key; a keyless table by all its columns. The type is part of
-    the identity so that 1, 1.0 and True stay different values."""
-    return tuple((type(image[c]).__name__, image[c]) for c in (table_key or columns))
-
-
 def contract_order(end: dict) -> tuple:
     """Commit order: (scn, thread, sequence, rba) of the COMMIT."""
     return end["scn"], end["thread"], end["sequence"], end["rba"]
@@ -161,30 +156,8 @@ def replay(archive: Archive, commit_order=contract_order) -> dict[str, list[dict
     committed.sort(key=lambda t: commit_order(t.end))
     for txn in committed:
         for change in txn.surviving_changes():
-            name = change["table"]
-            rows, key, cols = state[name], keys[name], columns[name]
-            if change["op"] == "TRUNCATE":
-                rows.clear()
-            elif change["op"] == "INSERT":
-                row = json.loads(change["after"])
-                assert list(row) == cols, "INSERT carries the whole row"
-                identity = row_identity(key, cols, row)
-                assert identity not in rows, f"INSERT of an existing row in {name}"
-                rows[identity] = row
-            elif change["op"] == "UPDATE":
-                before, after = json.loads(change["before"]), json.loads(change["after"])
-                old = rows.pop(row_identity(key, cols, before))
-                new = {**old, **after}  # absent columns keep their old value
-                identity = row_identity(key, cols, new)
-                assert identity not in rows, f"UPDATE onto an existing row in {name}"
-                rows[identity] = new
-            elif change["op"] == "DELETE":
-                del rows[row_identity(key, cols, json.loads(change["before"]))]
+            apply_change(state, keys, columns, change)
     return {name: list(rows.values()) for name, rows in state.items()}
-
-
-def canonical(rows: list[dict]) -> list[str]:
-    return sorted(json.dumps(row, sort_keys=True, ensure_ascii=False) for row in rows)
 
 
 # --------------------------------------------------------------------------------------
