@@ -65,13 +65,21 @@ $(DEMO)/archive/defs.json: | $(STAMP)
 	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48
 
 demo: db $(DEMO)/archive/defs.json
+	@echo "== catalog the simulated source's redo archive"
 	$(DB_ENV) $(SPARK_SUBMIT) jobs/archive_scan.py
 	$(DB_ENV) trailbound archive list --summary
+	@echo "== capture, first the log archived by the end of the first day, then the rest"
+	$(DB_ENV) $(SPARK_SUBMIT) jobs/extract.py EXT1 --until 2026-11-02T00:00:00Z
+	$(DB_ENV) $(SPARK_SUBMIT) jobs/extract.py EXT1
+	$(DB_ENV) trailbound info extract EXT1 --showch
+	@echo "== the first records of the trail"
+	$(DB_ENV) trailbound logdump var/dirdat/lt000000001 --count 5
 	@echo
 	@echo "Simulated source archive: $(DEMO)/archive   (its expected final state: $(DEMO)/truth.json)"
+	@echo "Trail files:              var/dirdat/lt*     (Parquet; trailbound logdump FILE --json)"
 	@echo "Configuration:            $(TRAILBOUND_CONFIG)"
 	@echo "PostgreSQL log:           $(PG_DIR)/server.log"
-	@echo "Look further with:        $(DB_ENV) trailbound archive list | archive verify"
+	@echo "Look further:             export \$$(make -s env); .venv/bin/trailbound info extract EXT1 --showch 5"
 
 test: db
 	$(DB_ENV) $(PYTHON) -m pytest $(PYTEST_ARGS)

@@ -112,16 +112,22 @@ def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | 
     """The group's state, adding it (ADD EXTRACT) with the configured begin point if new."""
     name = config.extract_name(group)
     extract = config.extract(name)
+    source = config.source_name(extract.source)
+    exttrail = config.path(extract.exttrail)
     with store.transaction() as cur:
         state = ckpt.load(cur, name)
     if state is not None:
+        if (state.source, state.exttrail) != (source, exttrail):
+            raise TrailboundError(
+                f"extract {name} was added reading source {state.source} into trail {state.exttrail}; the "
+                f"configuration now says source {source}, trail {exttrail}. Restore the configuration, or "
+                f"`trailbound delete extract {name}` and add it again")
         return state
-    source = config.source_name(extract.source)
     catalog = ArchiveCatalog(store, source)
     spec = begin or extract.begin
     begin_scn = resolve_begin(spec, catalog.segments())
     with store.transaction() as cur:
-        ckpt.add_group(cur, group=name, source=source, exttrail=config.path(extract.exttrail), begin_scn=begin_scn,
+        ckpt.add_group(cur, group=name, source=source, exttrail=exttrail, begin_scn=begin_scn,
                        begin_spec=spec, table_spec=_table_spec(extract.table))
         return ckpt.load(cur, name)
 
