@@ -280,3 +280,34 @@ def _transactions_any_key(records):
         if record["trans_ind"] in (trail.BEGIN, trail.WHOLE):
             out.append((record["xid"], []))
     return out
+
+
+@pytest.mark.parametrize("defect", ["sha256", "sequence gap", "scn backwards", "unknown op", "commit of a savepoint"])
+def test_bad_input_stops_capture_with_the_file_and_moves_no_checkpoint(tmp_path, spark, store, defect):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "OPEN", 2)], 100)
+    config = load_config(tmp_path)
+    run(spark, store, config)
+    before = state(store)
+    trail_before = committed_trail(store, config)
+    records = [ins(110, "B", 3), rec(120, "B", "COMMIT")]
+    expected_rba = None
+    if defect == "sha256":
+        archive.segment(1, records, 200, manifest_overrides={"sha256": "f" * 64})
+        name = "arch_1_000000002.parquet"
+    elif defect == "sequence gap":
+        archive.next_sequence[1] = 3
+        archive.segment(1, records, 200)
+        name = "arch_1_000000003.json"
+    else:
+        bad = {"scn backwards": ins(105, "B", 4), "unknown op": rec(121, "B", "UPSERT", "shop.orders"),
+               "commit of a savepoint": rec(121, "S", "COMMIT", parent_xid="B")}[defect]
+        archive.segment(1, records + [bad], 200, fmt="jsonl")
+        name, expected_rba = "arch_1_000000002.jsonl", 2
+    with pytest.raises(ArchiveError) as error:
+        run(spark, store, config)
+    assert error.value.path.endswith(name) and error.value.rba == expected_rba
+    after = state(store)
+    assert (after.read_scn, after.write, after.open, after.read) == (before.read_scn, before.write, before.open,
+                                                                      before.read)
+    assert committed_trail(store, config) == trail_before
