@@ -47,11 +47,12 @@ class Archive:
     next_scn: dict[int, int] = field(default_factory=dict)
 
     def segment(self, thread: int, records: list[dict], next_scn: int, *, fmt: str = "parquet",
-                closed: bool = False) -> Path:
+                closed: bool = False, manifest_overrides: dict | None = None) -> Path:
         sequence = self.next_sequence.get(thread, 1)
         first = self.next_scn.get(thread, 0)
         path = write_segment(self.root, thread=thread, sequence=sequence, records=records, first_scn=first,
-                             next_scn=next_scn, first_time=at(first), next_time=at(next_scn), fmt=fmt, closed=closed)
+                             next_scn=next_scn, first_time=at(first), next_time=at(next_scn), fmt=fmt, closed=closed,
+                             manifest_overrides=manifest_overrides)
         self.next_sequence[thread], self.next_scn[thread] = sequence + 1, next_scn
         return path
 
