@@ -109,6 +109,14 @@ def empty_database_dsn(pg_server_dsn):
 
 
 @pytest.fixture
+def target_dsn(pg_server_dsn):
+    """DSN of a per-test empty database standing for replicat's target."""
+    name, admin = _fresh_database(pg_server_dsn)
+    yield psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name)
+    _drop(admin, name)
+
+
+@pytest.fixture
 def store(metadata_dsn):
     with MetadataStore.open(metadata_dsn) as opened:
         yield opened
