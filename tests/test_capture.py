@@ -14,7 +14,8 @@ import pytest
 from capture_kit import (at, committed_trail, ins, load_config, new_archive, rec, state, transactions,
                          write_config)
 from trailbound import cli, trail
-from trailbound.capture.run import CRASH_ENV, CRASH_POINTS, run_extract
+from trailbound.capture.run import CRASH_POINTS, run_extract
+from trailbound.crash import CRASH_ENV
 from trailbound.errors import ArchiveError
 from trailbound.metadata import MetadataStore
 
@@ -203,12 +204,12 @@ def test_a_record_after_commit_across_runs_stops_capture_and_moves_nothing(tmp_p
     assert bad.exists()
 
 
-def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, spark, store, capsys):
+def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, spark, store, capsys, monkeypatch):
     archive = new_archive(tmp_path)
     archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "INFLIGHT", 2)], 100)
     archive.segment(1, [ins(110, "B", 3), rec(120, "INFLIGHT", "COMMIT"), rec(130, "B", "COMMIT")], 200)
     config_path = write_config(tmp_path)
-    os.environ["TRAILBOUND_METADATA_DSN"] = store.connection.dsn
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     holder = psycopg2.connect(store.connection.dsn)
     try:
         with holder.cursor() as cur:
@@ -224,11 +225,11 @@ def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, sp
     assert transactions(committed_trail(store, load_config(tmp_path))) == [("B", [3])]
 
 
-def test_info_showch_and_logdump(tmp_path, spark, store, capsys):
+def test_info_showch_and_logdump(tmp_path, spark, store, capsys, monkeypatch):
     archive = new_archive(tmp_path)
     archive.segment(1, [ins(10, "a/../b", 1), rec(20, "a/../b", "COMMIT"), ins(30, "OPEN", 2)], 100)
     config_path = write_config(tmp_path)
-    os.environ["TRAILBOUND_METADATA_DSN"] = store.connection.dsn
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     assert cli.main(["--config", str(config_path), "extract", "run", "EXT1"]) == 0
     capsys.readouterr()
     assert cli.main(["--config", str(config_path), "info", "extract", "ext1", "--showch", "3"]) == 0

@@ -13,7 +13,6 @@ it again. `crashpoint(name)` lets tests kill the job at each named step.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -30,20 +29,13 @@ from trailbound.capture import checkpoints as ckpt
 from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.config import Config
+from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, TrailboundError
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
 from trailbound import trail as trails
 
-CRASH_ENV = "TRAILBOUND_CRASH_AT"
 CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "after_checkpoint_commit")
-
-
-def crashpoint(name: str) -> None:
-    """Die here, as a kill -9 would, when the test harness asks for it."""
-    assert name in CRASH_POINTS, name
-    if os.environ.get(CRASH_ENV) == name:
-        os._exit(137)
 
 
 class GroupBusy(TrailboundError):
