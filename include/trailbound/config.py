@@ -75,6 +75,42 @@ class SourceConfig(_Section):
     altarchivelogdest: Path  # TRANLOGOPTIONS ALTARCHIVELOGDEST: the archive directory
 
 
+_BR_MIN, _BR_MAX = timedelta(minutes=20), timedelta(hours=96)
+
+
+class BoundedRecoveryConfig(_Section):
+    """BR: persist long-running open transactions so that a restart re-reads at most two
+    BR intervals of log (docs/bounded-recovery.md)."""
+
+    brdir: Path = Path("var/br")          # parent directory; each group gets BRDIR/<group>/
+    brinterval: Duration = timedelta(hours=4)  # 20m to 96h, rounded up to a multiple of the extract's interval
+    broff: bool = False                   # no Bounded Recovery at all
+    broffonfailure: bool = False          # after a BR failure, stay on normal recovery
+    brkeepstalefiles: bool = False        # keep superseded persisted files
+
+    @field_validator("brdir")
+    @classmethod
+    def _not_a_temporary_directory(cls, value: Path) -> Path:
+        if re.search("te?mp", str(value), re.IGNORECASE):
+            raise ValueError("a BR directory name must not contain temp or tmp: such directories get cleaned up")
+        return value
+
+    @field_validator("brinterval")
+    @classmethod
+    def _within_goldengate_limits(cls, value: timedelta) -> timedelta:
+        if not _BR_MIN <= value <= _BR_MAX:
+            raise ValueError("brinterval must be between 20m and 96h")
+        return value
+
+
+class LongTransactionConfig(_Section):
+    """WARNLONGTRANS: warn about transactions open longer than `duration` (log time),
+    checking at most every `checkinterval`."""
+
+    duration: Duration = timedelta(hours=1)
+    checkinterval: Duration = timedelta(minutes=5)
+
+
 class ExtractConfig(_Section):
     """A capture group's parameters (an Extract parameter file)."""
 
@@ -83,6 +119,15 @@ class ExtractConfig(_Section):
     table: list[str] = Field(min_length=1)  # TABLE: schema.table names, * and ? as wildcards
     megabytes: float = Field(default=100, gt=0)  # ADD EXTTRAIL ... MEGABYTES: trail file rollover size
     begin: str = "earliest"            # ADD EXTRACT ... BEGIN, used when a run finds the group not added
+    interval: Duration = timedelta(minutes=15)  # how often capture runs (its Airflow schedule)
+    br: BoundedRecoveryConfig = BoundedRecoveryConfig()
+    warnlongtrans: LongTransactionConfig = LongTransactionConfig()
+
+    @property
+    def effective_brinterval(self) -> timedelta:
+        """BRINTERVAL rounded up to a whole number of capture intervals."""
+        runs = -(-self.br.brinterval // self.interval)  # ceiling division of timedeltas
+        return runs * self.interval
 
     @field_validator("table")
     @classmethod
@@ -93,12 +138,60 @@ class ExtractConfig(_Section):
         return value
 
 
+class PumpConfig(_Section):
+    """A data pump's parameters: the trail it reads and the remote trail it writes
+    (docs/pump.md). Without `table` it runs PASSTHRU: files are shipped byte for byte."""
+
+    exttrail: str                      # EXTTRAILSOURCE: the trail it reads (a path, or a URI)
+    rmttrail: str                      # RMTTRAIL: the remote trail prefix, a path or Hadoop-compatible URI
+    table: list[str] | None = Field(default=None, min_length=1)  # TABLE: keep only these; absent: PASSTHRU
+
+    @field_validator("exttrail", "rmttrail")
+    @classmethod
+    def _names_a_file_prefix(cls, value: str) -> str:
+        if not value.strip() or value.endswith("/"):
+            raise ValueError("a trail is a directory plus a file-name prefix, like var/dirdat/rt")
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _tables_are_qualified(cls, value: list[str] | None) -> list[str] | None:
+        for pattern in value or []:
+            if "." not in pattern:
+                raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
+        return value
+
+
+class PurgeOldExtractsConfig(_Section):
+    """PURGEOLDEXTRACTS ... USECHECKPOINTS: trail files go once every reader has passed
+    them, and only if older than `minkeephours` and not among the newest `minkeepfiles`."""
+
+    minkeephours: float = Field(default=0, ge=0)
+    minkeepfiles: int = Field(default=1, ge=0)
+
+
 class Config(_Section):
     home: Path = Path(".")
     metadata: DatabaseConfig = DatabaseConfig(dsn_env=METADATA_DSN_ENV, conn_id="trailbound_metadata")
     target: DatabaseConfig = DatabaseConfig(dsn_env=TARGET_DSN_ENV, conn_id="trailbound_target")
     sources: dict[GroupName, SourceConfig] = Field(min_length=1)
     extracts: dict[GroupName, ExtractConfig] = Field(default_factory=dict)
+    pumps: dict[GroupName, PumpConfig] = Field(default_factory=dict)
+    purgeoldextracts: PurgeOldExtractsConfig = PurgeOldExtractsConfig()
+
+    @model_validator(mode="after")
+    def _pumps_are_extract_groups(self) -> "Config":
+        # In GoldenGate a pump is an Extract group: one name space, case-insensitive.
+        names = [name.upper() for name in [*self.extracts, *self.pumps]]
+        if len(set(names)) != len(names):
+            raise ValueError("pump and extract names must differ (case-insensitively): a pump is an extract group")
+        for name, pump in self.pumps.items():
+            if pump.exttrail == pump.rmttrail:
+                raise ValueError(f"pump {name} would write the trail it reads ({pump.rmttrail})")
+        remote = [pump.rmttrail for pump in self.pumps.values()]
+        if len(set(remote)) != len(remote):
+            raise ValueError("two pumps write the same rmttrail; each remote trail has one writer")
+        return self
 
     @model_validator(mode="after")
     def _extracts_name_configured_sources(self) -> "Config":
@@ -146,6 +239,24 @@ class Config(_Section):
 
     def archive_dir(self, source: str | None = None) -> Path:
         return self.path(self.source(source).altarchivelogdest)
+
+    def pump_name(self, name: str) -> str:
+        for key in self.pumps:
+            if key.upper() == name.upper():
+                return key
+        raise ConfigError(f"no pump named {name!r} in the configuration; configured: {', '.join(self.pumps) or 'none'}")
+
+    def pump(self, name: str) -> PumpConfig:
+        return self.pumps[self.pump_name(name)]
+
+    def trail_location(self, value: str | Path) -> str:
+        """A configured trail prefix as the metadata store keys it (trail_file.trail,
+        trail_reader.trail): a plain path or file: URI becomes the absolute path `path()`
+        gives, so capture, pump, replicat and purge agree; any other URI stays as written."""
+        from trailbound import trailfs
+
+        text = str(value)
+        return str(self.path(trailfs.local_path(text))) if trailfs.is_local(text) else text
 
 
 def _describe(error: dict) -> str:

@@ -47,6 +47,7 @@ class Horizon:
     # thread -> (next_scn of its last visible segment, closed)
     threads: dict[int, tuple[int, bool]] = field(default_factory=dict)
     limiting_thread: int | None = None
+    time: datetime | None = None  # log time the horizon stands for: next_time of the limiting segment
 
 
 def compute_horizon(segments: Sequence[Segment], until: datetime | None = None) -> Horizon | None:
@@ -65,8 +66,9 @@ def compute_horizon(segments: Sequence[Segment], until: datetime | None = None) 
     open_threads = {t: s.next_scn for t, s in last.items() if not s.closed}
     if open_threads:
         limiting = min(open_threads, key=lambda t: (open_threads[t], t))
-        return Horizon(Scn(open_threads[limiting]), threads, limiting)
-    return Horizon(Scn(max(s.next_scn for s in last.values())), threads, None)
+        return Horizon(Scn(open_threads[limiting]), threads, limiting, last[limiting].next_time)
+    return Horizon(Scn(max(s.next_scn for s in last.values())), threads, None,
+                   max(s.next_time for s in last.values()))
 
 
 _COLUMNS = ("thread, sequence, first_scn, next_scn, first_time, next_time, records, bytes, sha256, format, "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -60,6 +61,9 @@ class Decisions:
     begin_scn: int                     # transactions starting below it are never written
     last_written: Csn | None           # the write checkpoint's last CSN
     skips: list[tuple[int, str, str]]  # (thread, xid, reason) never to be written
+    forced: list[tuple[int, str, int]] = ()  # (thread, xid, k): FORCETRANS, commit it now as the k-th
+    horizon_scn: int = 0               # this run reads below it; forced commits sort at it
+    read_time: datetime | None = None  # the log time of the horizon: a forced commit's time
 
 
 @dataclass
@@ -89,6 +93,16 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
                  F.max(position).alias("last")))
     skips = spark.createDataFrame(decisions.skips, _SKIPS)
     txns = txns.join(F.broadcast(skips), ["thread", "txid"], "left")
+    # FORCETRANS: an open transaction is committed now, at CSN horizon@0:0:k, after every
+    # real commit of this run (all below the horizon) and before any later one.
+    forced = spark.createDataFrame(list(decisions.forced), "thread int, txid string, force_k long")
+    txns = txns.join(F.broadcast(forced), ["thread", "txid"], "left")
+    is_forced = F.col("end").isNull() & F.col("force_k").isNotNull()
+    forced_end = F.struct(F.lit(0).cast("long").alias("sequence"), F.col("force_k").alias("rba"),
+                          F.lit(decisions.horizon_scn).cast("long").alias("scn"),
+                          F.lit(decisions.read_time).cast("timestamp").alias("ts"), F.lit("COMMIT").alias("op"))
+    txns = (txns.withColumn("forced", is_forced)
+            .withColumn("end", F.when(is_forced, forced_end).otherwise(F.col("end"))))
     skip_reason = F.coalesce(
         F.col("skip_reason"),
         F.when(F.col("start.scn") < F.lit(decisions.begin_scn), F.lit("in flight at the begin point")))
@@ -108,7 +122,7 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
     # Records after their transaction ended (or after their savepoint rolled back) break
     # the contract; capture is the only reader that sees every segment in between.
     end_position = F.struct(F.col("end.sequence").alias("sequence"), F.col("end.rba").alias("rba"))
-    broken_txns = txns.where(F.col("end").isNotNull() & (F.col("last") > end_position)).select(
+    broken_txns = txns.where(F.col("end").isNotNull() & ~F.col("forced") & (F.col("last") > end_position)).select(
         "thread", "txid", F.col("end.sequence").alias("end_sequence"), F.col("end.rba").alias("end_rba"),
         F.col("end.op").alias("end_op"))
     broken_subs = subs.where(F.col("last") > F.col("rolled_back_at")).select("thread", "xid", "rolled_back_at")
@@ -128,7 +142,9 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
 
     sub_rollbacks = subs.where(F.col("rolled_back_at").isNotNull()).select("thread", "xid")
     written = txns.where(F.col("fate") == WRITE).select(
-        "thread", "txid", F.col("end.scn").alias("csn"), F.col("end.sequence").alias("csn_sequence"),
+        "thread", "txid", F.col("end.scn").alias("csn"),
+        F.when(F.col("forced"), F.lit(0)).otherwise(F.col("thread")).cast("int").alias("csn_thread"),
+        F.when(F.col("forced"), F.lit(0)).otherwise(F.col("end.sequence")).alias("csn_sequence"),
         F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
     kept = (r.where(F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(table_regex(tables)))
             .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti")
@@ -140,7 +156,7 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
              .select(
                  F.when(F.col("of") == 1, WHOLE).when(F.col("n") == 1, BEGIN)
                   .when(F.col("n") == F.col("of"), END).otherwise(MIDDLE).cast("byte").alias("trans_ind"),
-                 "csn", F.col("thread").cast("int").alias("csn_thread"), "csn_sequence", "csn_rba",
+                 "csn", "csn_thread", "csn_sequence", "csn_rba",
                  F.col("txid").alias("xid"), "commit_ts", "op", "table", "before", "after",
                  F.col("thread").cast("int").alias("src_thread"), F.col("sequence").alias("src_sequence"),
                  F.col("rba").alias("src_rba"), F.col("scn").alias("src_scn"),

@@ -46,6 +46,18 @@ class WriteCheckpoint:
 
 
 @dataclass(frozen=True)
+class PersistedObject:
+    """A long-running transaction's records up to `through`, persisted at a BR checkpoint."""
+
+    file: Path
+    sha256: str
+    records: int
+    through_sequence: int
+    through_rba: int
+    checkpoint_scn: int
+
+
+@dataclass(frozen=True)
 class OpenTransaction:
     xid: str
     thread: int
@@ -53,6 +65,28 @@ class OpenTransaction:
     records: int
     bytes: int
     skip_reason: str | None = None
+    persisted: PersistedObject | None = None
+
+
+@dataclass(frozen=True)
+class BrCheckpoint:
+    checkpoint_id: int
+    scn: int
+    log_time: datetime
+    interval_seconds: int
+    table_spec: str
+    oldest_nonpersisted: dict
+    persisted: int
+    persisted_bytes: int
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Directive:
+    directive_id: int
+    kind: str
+    xid: str | None
+    thread: int | None
 
 
 @dataclass
@@ -70,10 +104,16 @@ class ExtractState:
     read: dict[str, dict[int, ReadCheckpoint]] = field(default_factory=lambda: {k: {} for k in READ_KINDS})
     write: WriteCheckpoint = WriteCheckpoint(0, 0, None)
     open: list[OpenTransaction] = field(default_factory=list)
+    read_time: datetime | None = None
+    br_suspended: str | None = None
+    last_longtrans_check: datetime | None = None
+    br_checkpoint: BrCheckpoint | None = None
+    directives: list[Directive] = field(default_factory=list)
 
     def recovery_scn(self) -> int | None:
-        """The lowest SCN a restart reads from: the oldest open transaction that will be
-        written, else the read position. This is what the trail's log_bsn carries."""
+        """The lowest SCN a restart without Bounded Recovery reads from: the oldest open
+        transaction that will be written, else the read position. This is what the
+        trail's log_bsn carries, and what archive retention must keep."""
         starts = [t.start.scn for t in self.open if t.skip_reason is None]
         if starts:
             return min(starts)
@@ -88,7 +128,8 @@ def load(cur, group: str) -> ExtractState | None:
     state = ExtractState(group=row["group_name"], source=row["source"], exttrail=Path(row["exttrail"]),
                          begin_scn=row["begin_scn"], begin_spec=row["begin_spec"], table_spec=row["table_spec"],
                          read_scn=row["read_scn"], created_at=row["created_at"], last_started=row["last_started"],
-                         last_run_end=row["last_run_end"])
+                         last_run_end=row["last_run_end"], read_time=row["read_time"],
+                         br_suspended=row["br_suspended"], last_longtrans_check=row["last_longtrans_check"])
     cur.execute("SELECT * FROM trailbound.extract_read_checkpoint WHERE group_name = %s", (state.group,))
     for r in cur.fetchall():
         state.read[r["kind"]][r["thread"]] = ReadCheckpoint(r["thread"], r["sequence"], r["rba"], r["scn"], r["ts"],
@@ -102,8 +143,22 @@ def load(cur, group: str) -> ExtractState | None:
                 (state.group,))
     state.open = [OpenTransaction(t["xid"], t["thread"],
                                   ReadCheckpoint(t["thread"], t["start_sequence"], t["start_rba"], t["start_scn"],
-                                                 t["start_ts"]), t["records"], t["bytes"], t["skip_reason"])
+                                                 t["start_ts"]), t["records"], t["bytes"], t["skip_reason"],
+                                  PersistedObject(Path(t["persisted_file"]), t["persisted_sha256"],
+                                                  t["persisted_records"], t["persisted_through_sequence"],
+                                                  t["persisted_through_rba"], t["persisted_checkpoint"])
+                                  if t["persisted_file"] else None)
                   for t in cur.fetchall()]
+    cur.execute("SELECT * FROM trailbound.br_checkpoint WHERE group_name = %s ORDER BY checkpoint_id DESC LIMIT 1",
+                (state.group,))
+    b = cur.fetchone()
+    if b is not None:
+        state.br_checkpoint = BrCheckpoint(b["checkpoint_id"], b["scn"], b["log_time"], b["interval_seconds"],
+                                           b["table_spec"], b["oldest_nonpersisted"], b["persisted"],
+                                           b["persisted_bytes"], b["created_at"])
+    cur.execute("SELECT directive_id, kind, xid, thread FROM trailbound.extract_directive"
+                " WHERE group_name = %s AND state = 'pending' ORDER BY directive_id", (state.group,))
+    state.directives = [Directive(d["directive_id"], d["kind"], d["xid"], d["thread"]) for d in cur.fetchall()]
     return state
 
 
@@ -120,7 +175,13 @@ def reposition(cur, group: str, begin_scn: int, begin_spec: str) -> None:
     starts like a first run from the new begin point. The write checkpoint stays, so
     the trail goes on from where it is."""
     cur.execute("UPDATE trailbound.extract_group SET begin_scn = %s, begin_spec = %s, read_scn = NULL,"
-                " altered_at = now() WHERE group_name = %s", (begin_scn, begin_spec, group))
+                " read_time = NULL, altered_at = now() WHERE group_name = %s", (begin_scn, begin_spec, group))
+    cur.execute("SELECT count(*) AS n FROM trailbound.open_transaction WHERE group_name = %s"
+                " AND persisted_file IS NOT NULL", (group,))
+    if cur.fetchone()["n"]:
+        record_warning(cur, group, "br_fallback", None, None, {
+            "reason": "start point moved by alter extract: persisted transactions discarded, "
+                      "the next run uses normal recovery"}, None)
     cur.execute("DELETE FROM trailbound.extract_read_checkpoint WHERE group_name = %s", (group,))
     cur.execute("DELETE FROM trailbound.open_transaction WHERE group_name = %s", (group,))
 
@@ -137,12 +198,37 @@ def _jsonable(value):
     return value
 
 
-def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict) -> None:
+def record_warning(cur, group: str, kind: str, xid: str | None, thread: int | None, detail: dict,
+                   log_time: datetime | None) -> None:
+    cur.execute("INSERT INTO trailbound.extract_warning (group_name, kind, xid, thread, detail, log_time)"
+                " VALUES (%s, %s, %s, %s, %s, %s)", (group, kind, xid, thread, json.dumps(_jsonable(detail)), log_time))
+
+
+def insert_br_checkpoint(cur, group: str, scn: int, log_time: datetime, interval_seconds: int, table_spec: str,
+                         oldest_nonpersisted: dict, persisted: int, persisted_bytes: int) -> int:
+    cur.execute("INSERT INTO trailbound.br_checkpoint (group_name, scn, log_time, interval_seconds, table_spec,"
+                " oldest_nonpersisted, persisted, persisted_bytes) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " RETURNING checkpoint_id",
+                (group, scn, log_time, interval_seconds, table_spec, json.dumps(_jsonable(oldest_nonpersisted)),
+                 persisted, persisted_bytes))
+    return cur.fetchone()["checkpoint_id"]
+
+
+def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict,
+               warnings: list[dict] = (), directives_done: list[tuple[int, str]] = ()) -> None:
     """Write a run's outcome. Call inside one metadata transaction."""
     g = state.group
-    cur.execute("UPDATE trailbound.extract_group SET read_scn = %s, table_spec = %s, last_started = %s,"
-                " last_run_end = now() WHERE group_name = %s",
-                (state.read_scn, state.table_spec, state.last_started, g))
+    cur.execute("UPDATE trailbound.extract_group SET read_scn = %s, read_time = %s, table_spec = %s,"
+                " last_started = %s, last_run_end = now(), br_suspended = %s, last_longtrans_check = %s"
+                " WHERE group_name = %s",
+                (state.read_scn, state.read_time, state.table_spec, state.last_started, state.br_suspended,
+                 state.last_longtrans_check, g))
+    for warning in warnings:
+        record_warning(cur, g, warning["kind"], warning.get("xid"), warning.get("thread"), warning["detail"],
+                       state.read_time)
+    for directive_id, result in directives_done:
+        cur.execute("UPDATE trailbound.extract_directive SET state = 'done', result = %s, done_at = now()"
+                    " WHERE directive_id = %s", (result, directive_id))
     cur.execute("DELETE FROM trailbound.extract_read_checkpoint WHERE group_name = %s", (g,))
     rows = [(g, c.thread, kind, c.sequence, c.rba, c.scn, c.ts, c.segment)
             for kind, by_thread in state.read.items() for c in by_thread.values()]
@@ -162,18 +248,25 @@ def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict) 
     cur.execute("DELETE FROM trailbound.open_transaction WHERE group_name = %s", (g,))
     if state.open:
         execute_values(cur, "INSERT INTO trailbound.open_transaction (group_name, xid, thread, start_sequence,"
-                            " start_rba, start_scn, start_ts, records, bytes, skip_reason) VALUES %s",
+                            " start_rba, start_scn, start_ts, records, bytes, skip_reason, persisted_file,"
+                            " persisted_sha256, persisted_records, persisted_through_sequence,"
+                            " persisted_through_rba, persisted_checkpoint) VALUES %s",
                        [(g, t.xid, t.thread, t.start.sequence, t.start.rba, t.start.scn, t.start.ts, t.records,
-                         t.bytes, t.skip_reason) for t in state.open])
+                         t.bytes, t.skip_reason, *((str(p.file), p.sha256, p.records, p.through_sequence,
+                                                    p.through_rba, p.checkpoint_scn) if (p := t.persisted)
+                                                   else (None,) * 6))
+                        for t in state.open])
     checkpoints = {"read": {kind: {t: asdict(c) for t, c in by.items()} for kind, by in state.read.items()},
                    "write": {"seqno": state.write.seqno, "rba": state.write.rba,
                              "last_csn": str(state.write.last_csn) if state.write.last_csn else None}}
     cur.execute("INSERT INTO trailbound.extract_run (group_name, started_at, until_time, read_from_scn, horizon_scn,"
-                " records_read, transactions, records_written, checkpoints)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                " records_read, transactions, records_written, checkpoints, recovery, reread_records,"
+                " read_from_time, read_time, br_checkpoint_id)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (g, run["started_at"], run.get("until"), run.get("read_from_scn"), run.get("horizon_scn"),
                  run["records_read"], run["transactions"], run["records_written"],
-                 json.dumps(_jsonable(checkpoints))))
+                 json.dumps(_jsonable(checkpoints)), run.get("recovery"), run.get("reread_records"),
+                 run.get("read_from_time"), state.read_time, run.get("br_checkpoint_id")))
 
 
 def committed_trail_files(cur, trail: Path) -> list[dict]:

@@ -13,6 +13,7 @@ it again. `crashpoint(name)` lets tests kill the job at each named step.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pyspark.sql import functions as F
 
 from trailbound.archive import reader
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog
+from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
@@ -86,14 +88,22 @@ class RunResult:
     open_transactions: int = 0
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    recovery: str = ""
+    br_checkpoint: bool = False
 
     def describe(self) -> str:
         if self.note:
             return f"Extract {self.group}: {self.note}"
         files = ", ".join(f.path.name for f in self.files) or "no trail file"
-        return (f"Extract {self.group}: read {self.records_read} records below scn {self.horizon_scn}, wrote "
-                f"{self.transactions_written} transactions ({self.records_written} records) to {files}; "
-                f"{self.open_transactions} transaction(s) open")
+        return (f"Extract {self.group}: {self.recovery} recovery, read {self.records_read} records below scn "
+                f"{self.horizon_scn}, wrote {self.transactions_written} transactions ({self.records_written} records) "
+                f"to {files}; {self.open_transactions} transaction(s) open"
+                + ("; BR checkpoint taken" if self.br_checkpoint else ""))
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """Spark hands timestamps back naive (in the session's UTC zone); make them aware."""
+    return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
 
 
 def _table_spec(tables: list[str]) -> str:
@@ -124,34 +134,56 @@ def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | 
         return ckpt.load(cur, name)
 
 
-def _read_filter(state: ckpt.ExtractState):
-    """Which records a run re-reads: per thread, from the start of its oldest open
-    transaction (to rebuild it), else from where the last run stopped (read_scn)."""
+@dataclass(frozen=True)
+class RestartPoint:
+    """Where a run starts reading: every thread from `from_scn` (None: from the start of
+    the archive), and the threads in `starts` from those positions when earlier."""
+
+    from_scn: int | None
+    starts: dict[int, ckpt.ReadCheckpoint]
+
+    def condition(self):
+        if self.from_scn is None:
+            return F.lit(True)
+        condition = F.col("scn") >= F.lit(self.from_scn)
+        for thread, start in self.starts.items():
+            condition = condition | ((F.col("thread") == thread) & (
+                (F.col("sequence") > start.sequence) |
+                ((F.col("sequence") == start.sequence) & (F.col("rba") >= start.rba))))
+        return condition
+
+    def floor(self, thread: int) -> int | None:
+        """The lowest SCN needed from a thread (segments wholly below it are not read)."""
+        if self.from_scn is None:
+            return None
+        start = self.starts.get(thread)
+        return self.from_scn if start is None else min(start.scn, self.from_scn)
+
+
+def restart_point(state: ckpt.ExtractState, plan: bounded.RecoveryPlan) -> RestartPoint:
+    """Normal recovery: each thread from its oldest open transaction, else where the last
+    run stopped. Bounded recovery: restored transactions need no re-read from their
+    start, only from the BR checkpoint that persisted them."""
     if state.read_scn is None:
-        return F.lit(True)
-    oldest: dict[int, ckpt.ReadCheckpoint] = {}
+        return RestartPoint(None, {})
+    restored = {(t.thread, t.xid) for t in plan.restored}
+    starts: dict[int, ckpt.ReadCheckpoint] = {}
     for txn in state.open:
-        if txn.skip_reason is None:
-            current = oldest.get(txn.thread)
+        if txn.skip_reason is None and (txn.thread, txn.xid) not in restored:
+            current = starts.get(txn.thread)
             if current is None or txn.start.position < current.position:
-                oldest[txn.thread] = txn.start
-    condition = F.col("scn") >= F.lit(state.read_scn)
-    for thread, start in oldest.items():
-        from_start = (F.col("thread") == thread) & (
-            (F.col("sequence") > start.sequence) | ((F.col("sequence") == start.sequence) & (F.col("rba") >= start.rba)))
-        condition = condition | from_start
-    return condition
+                starts[txn.thread] = txn.start
+    from_scn = state.read_scn
+    if plan.restored:
+        from_scn = min(from_scn, state.br_checkpoint.scn)
+    return RestartPoint(from_scn, starts)
 
 
-def _segments_to_read(entries, state: ckpt.ExtractState, horizon_scn: int):
-    lower: dict[int, int] = {}
-    for txn in state.open:
-        if txn.skip_reason is None:
-            lower[txn.thread] = min(lower.get(txn.thread, txn.start.scn), txn.start.scn)
+def _segments_to_read(entries, state: ckpt.ExtractState, restart: RestartPoint, horizon_scn: int):
     chosen = []
     for entry in entries:
         s = entry.segment
-        floor = min(lower.get(s.thread, state.read_scn), state.read_scn) if state.read_scn is not None else None
+        floor = restart.floor(s.thread)
         if s.first_scn >= horizon_scn or (floor is not None and s.next_scn <= floor) or s.records == 0:
             continue
         if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn:
@@ -165,7 +197,20 @@ def _segments_to_read(entries, state: ckpt.ExtractState, horizon_scn: int):
     return chosen
 
 
-def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None) -> RunResult:
+def _directive_targets(state: ckpt.ExtractState, kind: str) -> list[tuple[ckpt.Directive, int]]:
+    """(directive, thread) for pending skiptrans/forcetrans directives."""
+    targets = []
+    for directive in state.directives:
+        if directive.kind == kind:
+            thread = directive.thread
+            if thread is None:
+                thread = next((t.thread for t in state.open if t.xid == directive.xid), 0)
+            targets.append((directive, thread))
+    return targets
+
+
+def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None,
+                brreset: bool = False) -> RunResult:
     name = config.extract_name(group)
     extract = config.extract(name)
     with group_lock(store, name):
@@ -182,22 +227,48 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
             return RunResult(name, horizon.scn.value if horizon else None,
                              note="nothing new below the horizon" + (f" archived by {until:%Y-%m-%d %H:%M:%S}" if until else ""))
         horizon_scn = horizon.scn.value
-        segments = _segments_to_read(catalog.entries(), state, horizon_scn)
+        table_spec = _table_spec(extract.table)
+        brreset = brreset or any(d.kind == "brreset" for d in state.directives)
+        plan = bounded.plan_recovery(state, extract, table_spec, brreset)
+        restart = restart_point(state, plan)
+        segments = _segments_to_read(catalog.entries(), state, restart, horizon_scn)
         log_bsn = state.recovery_scn() if state.read_scn is not None else state.begin_scn
-        records = (reader.read_records(spark, segments)
-                   .where((F.col("scn") < F.lit(horizon_scn)) & _read_filter(state))
-                   .cache())
+        from_log = (reader.read_records(spark, segments)
+                    .where((F.col("scn") < F.lit(horizon_scn)) & restart.condition()))
+        records = from_log.withColumn("restored", F.lit(False))
+        restored = bounded.restore(spark, plan)
+        if restored is not None:
+            # Records a persisted object already holds are dropped from the re-read.
+            held = spark.createDataFrame(
+                [(t.thread, t.xid, t.persisted.through_sequence, t.persisted.through_rba) for t in plan.restored],
+                "thread int, held_txid string, through_sequence long, through_rba long")
+            records = (records.withColumn("held_txid", F.coalesce("parent_xid", "xid"))
+                       .join(F.broadcast(held), ["thread", "held_txid"], "left")
+                       .where(F.col("through_sequence").isNull() |
+                              (F.col("sequence") > F.col("through_sequence")) |
+                              ((F.col("sequence") == F.col("through_sequence")) & (F.col("rba") > F.col("through_rba"))))
+                       .select(*reader.RECORD_COLUMNS, "restored")
+                       .unionByName(restored.withColumn("restored", F.lit(True))))
+        records = records.cache()
         try:
-            return _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon_scn,
-                                        until, started_at, log_bsn, watch)
+            return _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until,
+                                        started_at, log_bsn, watch, plan, table_spec, brreset)
         finally:
             records.unpersist()
 
 
-def _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon_scn, until, started_at,
-                         log_bsn, watch: Stopwatch) -> RunResult:
+def _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until, started_at,
+                         log_bsn, watch: Stopwatch, plan: bounded.RecoveryPlan, table_spec: str,
+                         brreset: bool) -> RunResult:
+    horizon_scn = horizon.scn.value
+    read_time = horizon.time
+    skip_targets = _directive_targets(state, "skiptrans")
+    force_targets = _directive_targets(state, "forcetrans")
     decisions = Decisions(read_scn=state.read_scn, begin_scn=state.begin_scn, last_written=state.write.last_csn,
-                          skips=[(t.thread, t.xid, t.skip_reason) for t in state.open if t.skip_reason])
+                          skips=[(t.thread, t.xid, t.skip_reason) for t in state.open if t.skip_reason]
+                          + [(thread, d.xid, "skiptrans") for d, thread in skip_targets],
+                          forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
+                          horizon_scn=horizon_scn, read_time=read_time)
     assembly = assemble(spark, records, decisions, extract.table, log_bsn)
     txns = assembly.transactions.cache()
     broken = assembly.broken.limit(1).count()
@@ -227,49 +298,141 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     crashpoint("after_trail_write")
 
     fates = {row["fate"]: row["n"] for row in txns.groupBy("fate").agg(F.count(F.lit(1)).alias("n")).collect()}
-    open_rows = txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())).collect()
-    per_thread = records.groupBy("thread").agg(
+    open_rows = txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())
+                           | F.col("forced")).collect()
+    from_log = records.where(~F.col("restored"))
+    per_thread = from_log.groupBy("thread").agg(
         F.max(F.struct("sequence", "rba", "scn", "ts", "file")).alias("last"),
         F.min(F.struct("sequence", "rba", "scn", "ts", "file")).alias("first"),
-        F.count(F.lit(1)).alias("n")).collect()
+        F.count(F.lit(1)).alias("n"),
+        F.sum(F.when(F.col("scn") < F.lit(state.read_scn if state.read_scn is not None else -1), 1)
+              .otherwise(0)).alias("reread"),
+        F.min("ts").alias("from_time")).collect()
 
-    # A skipped transaction with no record in this run's range is still open: carry it.
+    # Open transactions now: carried skips with no record in this run, then all seen.
     seen = {(row["thread"], row["txid"]) for row in txns.join(
         spark.createDataFrame(decisions.skips, "thread int, txid string, reason string"), ["thread", "txid"])
         .select("thread", "txid").collect()}
     carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
-    state.open = carried + [ckpt.OpenTransaction(row["txid"], row["thread"],
-                                       ckpt.ReadCheckpoint(row["thread"], row["start"]["sequence"], row["start"]["rba"],
-                                                           row["start"]["scn"], row["start"]["ts"]),
-                                       row["records"], row["bytes"] or 0, row["skip_reason"]) for row in open_rows]
+    previous = {(t.thread, t.xid): t for t in state.open}
+    still_persisted = {(t.thread, t.xid): t.persisted for t in plan.restored}
+    forced_csn = {}
+    state.open = carried
+    for row in open_rows:
+        key = (row["thread"], row["txid"])
+        reason = row["skip_reason"]
+        if row["forced"]:
+            forced_csn[key] = f"{horizon_scn}@0:0:{row['end']['rba']}"
+            reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
+        start = ckpt.ReadCheckpoint(row["thread"], row["start"]["sequence"], row["start"]["rba"],
+                                    row["start"]["scn"], _utc(row["start"]["ts"]))
+        if key in previous and previous[key].start.position < start.position:
+            start = previous[key].start  # a skipped transaction re-read only in part keeps its start
+        state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
+                                               reason, None if reason else still_persisted.get(key)))
+
     for row in per_thread:
         last, first = row["last"], row["first"]
-        current = ckpt.ReadCheckpoint(row["thread"], last["sequence"], last["rba"], last["scn"], last["ts"], last["file"])
+        current = ckpt.ReadCheckpoint(row["thread"], last["sequence"], last["rba"], last["scn"], _utc(last["ts"]),
+                                      last["file"])
         state.read["current"][row["thread"]] = current
         state.read["startup"].setdefault(row["thread"], ckpt.ReadCheckpoint(
-            row["thread"], first["sequence"], first["rba"], first["scn"], first["ts"], first["file"]))
+            row["thread"], first["sequence"], first["rba"], first["scn"], _utc(first["ts"]), first["file"]))
     for thread, current in state.read["current"].items():
-        starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None]
+        starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None and t.persisted is None]
         oldest = min(starts, key=lambda s: s.position) if starts else current
         state.read["recovery"][thread] = ckpt.ReadCheckpoint(thread, oldest.sequence, oldest.rba, oldest.scn,
                                                              oldest.ts, oldest.segment or current.segment)
+
+    warnings = []
+    if plan.reason:
+        warnings.append({"kind": "br_fallback", "detail": {"reason": plan.reason, "recovery": "normal"}})
+        failure = "missing" in plan.reason or "corrupt" in plan.reason
+        if failure and extract.br.broffonfailure:
+            state.br_suspended = plan.reason
+    if brreset:
+        state.br_suspended = None
+    warnings += _long_transaction_warnings(state, extract, read_time)
+    br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon_scn, read_time)
+    watch.lap("bounded recovery")
+
     if files:
         state.write = ckpt.WriteCheckpoint(files[-1].seqno, files[-1].records, files[-1].last_csn)
     read_from = state.read_scn
-    state.read_scn = horizon_scn
-    state.table_spec = _table_spec(extract.table)
+    state.read_scn, state.read_time = horizon_scn, read_time
+    state.table_spec = table_spec
     records_read = sum(row["n"] for row in per_thread)
     records_written = sum(f.records for f in files)
+    done = [(d.directive_id, "applied: brreset, normal recovery this run") for d in state.directives
+            if d.kind == "brreset"]
+    done += [(d.directive_id, f"applied: transaction {d.xid} skipped; it never reaches the trail")
+             for d, _ in skip_targets]
+    done += [(d.directive_id, f"applied: transaction {d.xid} written at CSN {forced_csn[(thread, d.xid)]}"
+              if (thread, d.xid) in forced_csn else f"transaction {d.xid} had ended on its own before it was forced")
+             for d, thread in force_targets]
     with store.transaction() as cur:
-        ckpt.commit_run(cur, state, files, {"started_at": started_at, "until": until, "read_from_scn": read_from,
-                                            "horizon_scn": horizon_scn, "records_read": records_read,
-                                            "transactions": fates.get(WRITE, 0), "records_written": records_written})
+        checkpoint_id = None
+        if br_checkpoint is not None:
+            checkpoint_id = ckpt.insert_br_checkpoint(cur, state.group, **br_checkpoint)
+        ckpt.commit_run(cur, state, files, {
+            "started_at": started_at, "until": until, "read_from_scn": read_from, "horizon_scn": horizon_scn,
+            "records_read": records_read, "transactions": fates.get(WRITE, 0), "records_written": records_written,
+            "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
+            "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
+            "br_checkpoint_id": checkpoint_id}, warnings, done)
     watch.lap("checkpoints")
     crashpoint("after_checkpoint_commit")
+    if not extract.br.brkeepstalefiles:
+        bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
+                                   {t.persisted.file for t in state.open if t.persisted})
     txns.unpersist()
     shutil.rmtree(staging, ignore_errors=True)
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
-                     len(state.open), timings=watch.phases)
+                     len(state.open), timings=watch.phases, recovery=plan.describe,
+                     br_checkpoint=br_checkpoint is not None)
+
+
+def _long_transaction_warnings(state: ckpt.ExtractState, extract, read_time) -> list[dict]:
+    """WARNLONGTRANS: every open transaction older than the duration, at most once per
+    check interval of log time."""
+    rule = extract.warnlongtrans
+    last = state.last_longtrans_check
+    if last is not None and read_time - last < rule.checkinterval:
+        return []
+    state.last_longtrans_check = read_time
+    warnings = []
+    for txn in state.open:
+        age = read_time - txn.start.ts
+        if txn.skip_reason is None and age > rule.duration:
+            warnings.append({"kind": "longtrans", "xid": txn.xid, "thread": txn.thread, "detail": {
+                "start_position": str(txn.start.position), "start_scn": txn.start.scn, "start_time": txn.start.ts,
+                "age_seconds": int(age.total_seconds()), "records": txn.records}})
+    return warnings
+
+
+def _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon_scn, read_time) -> dict | None:
+    """At a BR boundary: persist every open transaction older than one BR interval (again
+    only if it changed), and describe the checkpoint for the run's metadata commit."""
+    interval = extract.effective_brinterval
+    if extract.br.broff or state.br_suspended or not bounded.crosses_boundary(state.read_time, read_time, interval):
+        return None
+    eligible = [t for t in state.open if t.skip_reason is None and read_time - t.start.ts > interval]
+    changed = [t for t in eligible if t.persisted is None or t.persisted.records != t.records]
+    directory = bounded.group_directory(config.path(extract.br.brdir), state.group)
+    written = bounded.persist(records, [(t.thread, t.xid) for t in changed], directory, horizon_scn, spark)
+    state.open = [dataclasses.replace(t, persisted=written[(t.thread, t.xid)]) if (t.thread, t.xid) in written else t
+                  for t in state.open]
+    oldest: dict[int, dict] = {}
+    for txn in state.open:
+        if txn.skip_reason is None and txn.persisted is None:
+            known = oldest.get(txn.thread)
+            if known is None or txn.start.scn < known["scn"]:
+                oldest[txn.thread] = {"xid": txn.xid, "sequence": txn.start.sequence, "rba": txn.start.rba,
+                                      "scn": txn.start.scn, "ts": txn.start.ts}
+    persisted = [t.persisted for t in state.open if t.persisted]
+    return {"scn": horizon_scn, "log_time": read_time, "interval_seconds": int(interval.total_seconds()),
+            "table_spec": _table_spec(extract.table), "oldest_nonpersisted": oldest, "persisted": len(persisted),
+            "persisted_bytes": sum(p.file.stat().st_size for p in persisted)}
 
 
 def _remove_uncommitted_files(store: MetadataStore, prefix: Path, committed_seqno: int) -> None:

@@ -1,0 +1,143 @@
+"""Bounded Recovery: persisted long-running transactions, BR checkpoints, and the choice
+between bounded and normal recovery for a run.
+
+Every capture run is a restart. Without BR it re-reads each thread from the start of
+its oldest open transaction; with BR, transactions open longer than one BR interval at
+a BR checkpoint are persisted (one file per transaction under BRDIR/<group>/, named by
+a hash of the xid), and a run re-reads only from
+    min(oldest open transaction that is not persisted, the last BR checkpoint),
+restoring the persisted ones from their files. Whatever the age of the oldest open
+transaction, that is at most two BR intervals of log (docs/bounded-recovery.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from trailbound.archive.reader import RECORD_COLUMNS
+from trailbound.capture import checkpoints as ckpt
+from trailbound.config import ExtractConfig
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+NORMAL, BOUNDED = "normal", "bounded"
+
+
+def group_directory(brdir: Path, group: str) -> Path:
+    # Group names are validated identifiers (a letter, then letters, digits, _): safe as a
+    # path component. Xids are never used in a path without hashing.
+    return brdir / group.upper()
+
+
+def object_name(thread: int, xid: str, checkpoint_scn: int) -> str:
+    digest = hashlib.sha256(f"{thread}\x00{xid}".encode("utf-8")).hexdigest()[:40]
+    return f"{digest}.{checkpoint_scn}.parquet"
+
+
+def crosses_boundary(previous: datetime | None, current: datetime, interval: timedelta) -> bool:
+    """Whether the log time read moved past a BR boundary (a multiple of the interval
+    since the Unix epoch, so every run of every backfill sees the same boundaries)."""
+    if previous is None:
+        return (current - _EPOCH) // interval > 0
+    return (current - _EPOCH) // interval > (previous - _EPOCH) // interval
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    mode: str                        # NORMAL or BOUNDED
+    restored: list                   # OpenTransactions whose persisted object is restored
+    reason: str | None = None        # why BR was not used although it could have been (a warning)
+
+    @property
+    def describe(self) -> str:
+        return self.mode if self.reason is None else f"{self.mode} (fallback: {self.reason})"
+
+
+def plan_recovery(state: ckpt.ExtractState, extract: ExtractConfig, table_spec: str, brreset: bool) -> RecoveryPlan:
+    """Bounded recovery when there are persisted transactions and everything about them
+    can be trusted; otherwise one normal recovery (with the reason as a warning)."""
+    persisted = [t for t in state.open if t.persisted is not None and t.skip_reason is None]
+    if not persisted:
+        return RecoveryPlan(NORMAL, [])
+    if extract.br.broff:
+        return RecoveryPlan(NORMAL, [], "BR is off (broff)")
+    if brreset:
+        return RecoveryPlan(NORMAL, [], "brreset requested")
+    if state.br_suspended:
+        return RecoveryPlan(NORMAL, [], f"BR suspended after a failure (broffonfailure): {state.br_suspended}")
+    if state.br_checkpoint is None or state.br_checkpoint.table_spec != table_spec:
+        return RecoveryPlan(NORMAL, [], "the table selection changed since the BR checkpoint")
+    for txn in persisted:
+        path = txn.persisted.file
+        if not path.is_file():
+            return RecoveryPlan(NORMAL, [], f"persisted file {path} is missing")
+        if _sha256(path) != txn.persisted.sha256:
+            return RecoveryPlan(NORMAL, [], f"persisted file {path} is corrupt (sha256 differs)")
+    return RecoveryPlan(BOUNDED, persisted)
+
+
+def restore(spark: SparkSession, plan: RecoveryPlan) -> DataFrame | None:
+    """The persisted transactions' records, as a records DataFrame."""
+    if not plan.restored:
+        return None
+    paths = [str(t.persisted.file) for t in plan.restored]
+    return spark.read.parquet(*paths).select(*RECORD_COLUMNS)
+
+
+def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: int,
+            spark: SparkSession) -> dict[tuple[int, str], ckpt.PersistedObject]:
+    """Write each listed transaction's records (all it has so far) to its own file.
+    Files are written completely (temporary name, fsync, rename) before the BR
+    checkpoint that names them commits; until then the previous checkpoint stays valid."""
+    if not keys:
+        return {}
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = spark.createDataFrame(keys, "thread int, txid string")
+    table = (records.withColumn("txid", F.coalesce("parent_xid", "xid"))
+             .join(F.broadcast(wanted), ["thread", "txid"])
+             .orderBy("thread", "txid", "sequence", "rba")
+             .select("txid", *RECORD_COLUMNS).toArrow())
+    persisted = {}
+    for thread, txid in keys:
+        mask = pc.and_(pc.equal(table["thread"], pa.scalar(thread, table["thread"].type)),
+                       pc.equal(table["txid"], txid))
+        rows = table.filter(mask).drop_columns(["txid"])
+        path = directory / object_name(thread, txid, checkpoint_scn)
+        temporary = path.with_name(f".{path.name}.tmp")
+        pq.write_table(rows, temporary, compression="zstd")
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        last = rows.slice(len(rows) - 1).to_pylist()[0]
+        persisted[(thread, txid)] = ckpt.PersistedObject(path, _sha256(path), len(rows), last["sequence"],
+                                                         last["rba"], checkpoint_scn)
+    return persisted
+
+
+def remove_stale_files(directory: Path, keep: set[Path]) -> list[Path]:
+    """After a run commits: remove every persisted file no open transaction refers to
+    (superseded objects, transactions that ended, leftovers of a run that died)."""
+    removed = []
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if path not in keep:
+                path.unlink()
+                removed.append(path)
+    return removed
