@@ -7,6 +7,9 @@
     trailbound alter extract EXT1 begin ...  reposition capture
     trailbound info extract EXT1 [--showch]  status and checkpoints
     trailbound logdump TRAILFILE [--json]    print trail records
+    trailbound pump run PMP1                 ship committed trail files to the remote trail
+    trailbound add|delete|info pump PMP1     manage pump groups (info: --showch)
+    trailbound purge trails [--dry-run]      delete trail files every reader has passed
     trailbound simulate                      write the simulated source's archive
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
@@ -137,8 +140,38 @@ def archive_verify(ctx: Context) -> int:
 def extract_run(ctx: Context) -> int:
     from trailbound.capture.run import run_extract
 
-    result = run_extract(ctx.spark, ctx.store, ctx.config, ctx.args.group, until=ctx.args.until)
+    result = run_extract(ctx.spark, ctx.store, ctx.config, ctx.args.group, until=ctx.args.until,
+                         brreset=ctx.args.brreset)
     print(result.describe())
+    return 0
+
+
+def send_extract(ctx: Context) -> int:
+    from trailbound.capture import directives
+    from trailbound.config import parse_duration
+
+    name = ctx.config.extract_name(ctx.args.group)
+    command, words = ctx.args.command[0].lower(), ctx.args.command[1:]
+    if command == "showtrans":
+        print(directives.show_transactions(ctx.store, name, count=ctx.args.count,
+                                           duration=parse_duration(ctx.args.duration) if ctx.args.duration else None))
+    elif command in ("skiptrans", "forcetrans") and len(words) == 1:
+        print(directives.request(ctx.store, name, command, words[0], ctx.args.thread))
+    else:
+        raise TrailboundError("usage: trailbound send extract GROUP showtrans [--duration D] [--count N] | "
+                              "skiptrans XID [--thread T] | forcetrans XID [--thread T]")
+    return 0
+
+
+def start_extract(ctx: Context) -> int:
+    from trailbound.capture import directives
+
+    name = ctx.config.extract_name(ctx.args.group)
+    if not ctx.args.brreset:
+        print(f"EXTRACT {name}: capture runs are started by its schedule (Airflow) or `trailbound extract run "
+              f"{name}`; nothing to do without --brreset")
+        return 0
+    print(directives.request(ctx.store, name, "brreset"))
     return 0
 
 
@@ -193,7 +226,7 @@ def alter_extract(ctx: Context) -> int:
 def info_extract(ctx: Context) -> int:
     from trailbound.capture.info import describe_extract
 
-    print(describe_extract(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
+    print(describe_extract(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch, br=ctx.args.br))
     return 0
 
 
@@ -214,6 +247,54 @@ def logdump(ctx: Context) -> int:
         else:
             print(f"rba {record['rba']:>8}  ind {record['trans_ind']}  csn {csn}  xid {record['xid']!r}  "
                   f"{record['op']:<8} {record['table']}  before={record['before']}  after={record['after']}")
+    return 0
+
+
+# ---------------------------------------------------------------- pump and trail purge
+
+def pump_run(ctx: Context) -> int:
+    from trailbound.pump import needs_spark, run_pump
+
+    name = ctx.config.pump_name(ctx.args.group)
+    spark = ctx.spark if needs_spark(ctx.config, name) else None  # local trails need no JVM
+    print(run_pump(spark, ctx.store, ctx.config, name).describe())
+    return 0
+
+
+def add_pump(ctx: Context) -> int:
+    from trailbound.pump import ensure_pump, load
+
+    name = ctx.config.pump_name(ctx.args.group)
+    with ctx.store.transaction() as cur:
+        if load(cur, name) is not None:
+            raise TrailboundError(f"pump {name} is already added")
+    state = ensure_pump(ctx.store, ctx.config, name, extseqno=ctx.args.extseqno)
+    print(f"PUMP {name} added, reading {state.exttrail} from seqno {state.next_source_seqno()}, "
+          f"remote trail {state.rmttrail}")
+    return 0
+
+
+def delete_pump(ctx: Context) -> int:
+    from trailbound.pump import delete_pump as delete
+
+    state = delete(ctx.store, ctx.config, ctx.args.group)
+    print(f"PUMP {state.group} deleted: it no longer holds {state.exttrail} against purge "
+          f"(remote trail files stay)")
+    return 0
+
+
+def info_pump(ctx: Context) -> int:
+    from trailbound.pump import describe_pump
+
+    print(describe_pump(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
+    return 0
+
+
+def purge_trails(ctx: Context) -> int:
+    from trailbound import trailpurge
+
+    spark = ctx.spark if trailpurge.needs_spark(ctx.store) else None
+    print(trailpurge.purge_trails(ctx.store, ctx.config, spark=spark, dry_run=ctx.args.dry_run).describe())
     return 0
 
 
@@ -266,12 +347,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = verb(extract, "run", extract_run, "run one capture batch for an extract group")
     run.add_argument("group")
     run.add_argument("--until", type=_utc_time, help="read only segments archived by this time (a past interval)")
+    run.add_argument("--brreset", action="store_true", help="one normal recovery, then Bounded Recovery again")
 
+    kinds = {}  # add/delete/alter/info -> their KIND subparsers, for the groups below
     for word, handler, text in (("add", add_extract, "add an extract group (ADD EXTRACT)"),
                                 ("delete", delete_extract, "delete an extract group's checkpoints"),
                                 ("alter", alter_extract, "reposition an extract: alter extract G begin now|TIME|scn N"),
                                 ("info", info_extract, "status and checkpoints (INFO EXTRACT ... SHOWCH)")):
-        sub = verbs.add_parser(word, help=text).add_subparsers(dest="kind", required=True, metavar="KIND")
+        sub = kinds[word] = verbs.add_parser(word, help=text).add_subparsers(dest="kind", required=True,
+                                                                             metavar="KIND")
         command = verb(sub, "extract", handler, text)
         command.add_argument("group")
         if word == "add":
@@ -281,6 +365,41 @@ def build_parser() -> argparse.ArgumentParser:
         if word == "info":
             command.add_argument("--showch", nargs="?", type=int, const=0, default=None, metavar="N",
                                  help="checkpoint detail; N: also the last N runs' checkpoints")
+            command.add_argument("--br", action="store_true", help="Bounded Recovery: checkpoint, persisted "
+                                                                    "transactions, restart position and its bound")
+
+    send = verbs.add_parser("send", help="directives to a group (SEND EXTRACT)").add_subparsers(
+        dest="kind", required=True, metavar="KIND")
+    command = verb(send, "extract", send_extract, "showtrans | skiptrans XID | forcetrans XID (applied by the next run)")
+    command.add_argument("group")
+    command.add_argument("command", nargs="+", metavar="showtrans|skiptrans XID|forcetrans XID")
+    command.add_argument("--duration", help="showtrans: only transactions open at least this long (e.g. 2h)")
+    command.add_argument("--count", type=int, help="showtrans: at most this many")
+    command.add_argument("--thread", type=int, help="skiptrans/forcetrans: the thread, when the xid is ambiguous")
+    start = verbs.add_parser("start", help="start options for a group").add_subparsers(dest="kind", required=True,
+                                                                                        metavar="KIND")
+    command = verb(start, "extract", start_extract, "record start options for the next run (--brreset)")
+    command.add_argument("group")
+    command.add_argument("--brreset", action="store_true", help="the next run uses normal recovery once")
+
+    pump = verbs.add_parser("pump", help="pump runs (trail shipping)").add_subparsers(dest="action", required=True,
+                                                                                     metavar="ACTION")
+    verb(pump, "run", pump_run, "ship the committed trail files a pump has not shipped").add_argument("group")
+    for word, handler, text in (("add", add_pump, "add a pump group, registering it as a reader of its source trail"),
+                                ("delete", delete_pump, "delete a pump's checkpoints and reader registration"),
+                                ("info", info_pump, "a pump's status and checkpoints (INFO EXTRACT ... SHOWCH)")):
+        command = verb(kinds[word], "pump", handler, text)
+        command.add_argument("group")
+        if word == "add":
+            command.add_argument("--extseqno", type=int, metavar="N",
+                                 help="start at source trail file N (default: its first file)")
+        if word == "info":
+            command.add_argument("--showch", nargs="?", type=int, const=0, default=None, metavar="N",
+                                 help="checkpoint detail; N: also the last N runs")
+    purge = verbs.add_parser("purge", help="retention").add_subparsers(dest="action", required=True, metavar="ACTION")
+    verb(purge, "trails", purge_trails, "delete trail files every reader has passed (PURGEOLDEXTRACTS "
+                                        "USECHECKPOINTS)").add_argument("--dry-run", action="store_true",
+                                                                        help="change nothing; say what would go")
 
     dump = verb(verbs, "logdump", logdump, "print the records of a trail file")
     dump.add_argument("file")

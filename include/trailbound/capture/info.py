@@ -49,7 +49,58 @@ def _read_block(kind: str, c) -> list[str]:
             f"        Redo File: {get('segment') or 'Not Available'}"]
 
 
-def describe_extract(store: MetadataStore, config: Config, group: str, *, showch: int | None = None) -> str:
+def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.ExtractState) -> list[str]:
+    """INFO EXTRACT ... --br: the last BR checkpoint, what is persisted, where the next run
+    restarts and the bound Bounded Recovery guarantees."""
+    from trailbound.capture import bounded
+    from trailbound.capture.run import _table_spec, restart_point
+
+    extract = config.extract(state.group)
+    interval = extract.effective_brinterval
+    status = ("off (broff)" if extract.br.broff else
+              f"suspended after a failure (broffonfailure): {state.br_suspended}" if state.br_suspended else "on")
+    lines = ["", "Bounded Recovery:", f"    Status: {status}",
+             f"    BR interval: {interval} (brinterval {extract.br.brinterval} rounded up to a multiple of the "
+             f"capture interval {extract.interval}), measured in log time",
+             f"    Directory: {bounded.group_directory(config.path(extract.br.brdir), state.group)}"]
+    b = state.br_checkpoint
+    if b is None:
+        lines.append("    Last BR checkpoint: none yet")
+    else:
+        lines.append(f"    Last BR checkpoint: #{b.checkpoint_id} at scn {b.scn}, log time {_time(b.log_time)[:19]}, "
+                     f"{b.persisted} persisted transaction(s), {b.persisted_bytes} bytes")
+        for thread, oldest in sorted(b.oldest_nonpersisted.items(), key=lambda item: int(item[0])):
+            lines.append(f"        oldest non-persisted open transaction, thread {thread}: xid {oldest['xid']!r} "
+                         f"from scn {oldest['scn']} ({_time(oldest['ts'])[:19]})")
+    persisted = [t for t in state.open if t.persisted]
+    lines.append(f"    Persisted transactions: {len(persisted)}")
+    for txn in persisted:
+        p = txn.persisted
+        lines.append(f"        xid {txn.xid!r} thread {txn.thread} started scn {txn.start.scn} "
+                     f"({_time(txn.start.ts)[:19]}), {p.records} records through sequence {p.through_sequence} "
+                     f"rba {p.through_rba}, file {p.file.name}")
+    if state.read_scn is None:
+        lines.append("    Next run: a first run (reads from the archive's start)")
+        return lines
+    plan = bounded.plan_recovery(state, extract, _table_spec(extract.table), brreset=False)
+    restart = restart_point(state, plan)
+    lines.append(f"    Next run: {plan.describe} recovery, re-reads every thread from scn {restart.from_scn}"
+                 + "".join(f"; thread {t} from {p.position} (scn {p.scn})" for t, p in sorted(restart.starts.items())))
+    times = [p.ts for p in restart.starts.values() if p.ts]
+    if plan.restored and b is not None:
+        times.append(b.log_time)
+    elif state.read_time:
+        times.append(state.read_time)
+    if state.read_time and times:
+        reread = state.read_time - min(times)
+        lines.append(f"    Re-read from the last read position: {reread} of log"
+                     + (f" (Bounded Recovery guarantees at most {2 * interval})" if plan.mode == bounded.BOUNDED
+                        or not persisted else ""))
+    return lines
+
+
+def describe_extract(store: MetadataStore, config: Config, group: str, *, showch: int | None = None,
+                     br: bool = False) -> str:
     name = config.extract_name(group)
     with store.transaction() as cur:
         state = ckpt.load(cur, name)
@@ -77,6 +128,8 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
     waiting = [t for t in state.open if t.skip_reason is None]
     lines.append(f"Open Transactions    {len(waiting)}" + (f" (+{len(state.open) - len(waiting)} skipped)"
                                                            if len(state.open) > len(waiting) else ""))
+    if br:
+        lines += describe_bounded_recovery(store, config, state)
     if showch is None:
         return "\n".join(lines)
 

@@ -37,7 +37,8 @@ from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
 from trailbound import trail as trails
 
-CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "after_checkpoint_commit")
+CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "after_br_persist",
+                "after_checkpoint_commit")
 
 
 class GroupBusy(TrailboundError):
@@ -355,6 +356,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     warnings += _long_transaction_warnings(state, extract, read_time)
     br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon_scn, read_time)
     watch.lap("bounded recovery")
+    crashpoint("after_br_persist")
 
     if files:
         state.write = ckpt.WriteCheckpoint(files[-1].seqno, files[-1].records, files[-1].last_csn)
