@@ -201,9 +201,10 @@ class TrailWriter:
         return self.files
 
 
-def read_metadata(path: Path) -> dict:
+def read_metadata(path: Path, *, source=None) -> dict:
+    """The footer's trail metadata; `source` (bytes already read) stands for the file."""
     try:
-        metadata = pq.read_schema(path).metadata or {}
+        metadata = pq.read_schema(path if source is None else pa.BufferReader(source)).metadata or {}
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"not a readable trail file: {exc}") from None
     if _METADATA_KEY not in metadata:
@@ -211,13 +212,27 @@ def read_metadata(path: Path) -> dict:
     return json.loads(metadata[_METADATA_KEY])
 
 
-def read_file(path: Path, *, verify: bool = True) -> pa.Table:
-    """The records of a trail file; with `verify`, checked against its own metadata."""
-    meta = read_metadata(path)
+def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | None = None) -> pa.Table:
+    """The records of a trail file; with `verify`, checked against its own metadata.
+
+    `path` may be a trail location on another filesystem (an s3a:// or hdfs:// URI) read
+    through `fs`, a `trailfs` filesystem. `sha256`, the whole file's SHA-256 as recorded in
+    trailbound.trail_file, is checked before anything is decoded: a remote copy that is
+    not the file that was committed stops the reader with the file's name."""
+    source = None
+    if fs is not None or sha256 is not None:
+        from trailbound import trailfs
+
+        source = (fs or trailfs.LOCAL).read_bytes(str(path))
+        if sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:
+            raise TrailError(path, f"file checksum {actual} does not match the recorded {sha256}: "
+                                   "the file is damaged or is not the one that was committed")
+    meta = read_metadata(path, source=source)
     if meta.get("format_version") != FORMAT_VERSION:
         raise TrailError(path, f"trail format version {meta.get('format_version')} is not {FORMAT_VERSION}")
     try:
-        table = pq.read_table(path, page_checksum_verification=True).replace_schema_metadata(None)
+        table = pq.read_table(path if source is None else pa.BufferReader(source),
+                              page_checksum_verification=True).replace_schema_metadata(None)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"damaged trail file: {exc}") from None
     if verify:

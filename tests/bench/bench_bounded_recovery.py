@@ -140,7 +140,7 @@ def main() -> int:
     ax.plot(AGES, [off[a][0] for a in AGES], marker="o", label="BR off (normal recovery)")
     ax.plot(AGES, [on[a][0] for a in AGES], marker="o", label=f"BR on (brinterval {BRINTERVAL}h)")
     ax.set_xlabel("age of the oldest open transaction (hours of log time)")
-    ax.set_ylabel("records re-read by a capture run (most of 4 hourly runs)")
+    ax.set_ylabel("records re-read per run")
     ax.set_xticks(AGES)
     ax.grid(True, alpha=0.3)
     ax.legend()
