@@ -10,6 +10,11 @@
     trailbound pump run PMP1                 ship committed trail files to the remote trail
     trailbound add|delete|info pump PMP1     manage pump groups (info: --showch)
     trailbound purge trails [--dry-run]      delete trail files every reader has passed
+    trailbound replicat run REP1             apply the trail to the target, exactly once
+    trailbound add checkpointtable [S.NAME]  create the checkpoint table in the target
+    trailbound alter replicat REP1 atcsn N   reposition (atcsn|aftercsn N, extseqno S extrba R)
+    trailbound info replicat REP1 [--showch] checkpoint table row and file checkpoint
+    trailbound target create [--source S]    create target tables from defs.json
     trailbound simulate                      write the simulated source's archive
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
@@ -298,6 +303,78 @@ def purge_trails(ctx: Context) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- replicat
+
+def replicat_run(ctx: Context) -> int:
+    from trailbound.replicat.run import run_replicat
+
+    print(run_replicat(ctx.spark, ctx.store, ctx.config, ctx.args.group).describe())
+    return 0
+
+
+def add_checkpointtable(ctx: Context) -> int:
+    from trailbound.replicat import checkpoint_table, target
+
+    if ctx.args.name:
+        names = [ctx.args.name]
+    else:  # ADD CHECKPOINTTABLE with no name: the one(s) the replicats are configured with
+        names = sorted({r.checkpointtable for r in ctx.config.replicats.values()}) or ["trailbound.ggcheckpoint"]
+    connection = target.connect(ctx.config)
+    try:
+        for text in names:
+            name = checkpoint_table.CheckpointTableName.parse(text)
+            with connection.cursor() as cur:
+                created = checkpoint_table.create(cur, name)
+            connection.commit()
+            print(f"Checkpoint table {name} (and {name}_lox) " + ("created." if created else "already exists."))
+    finally:
+        connection.close()
+    return 0
+
+
+def alter_replicat(ctx: Context) -> int:
+    from trailbound.replicat.run import reposition
+
+    print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change))
+    return 0
+
+
+def info_replicat(ctx: Context) -> int:
+    from trailbound.replicat.info import describe_replicat
+
+    print(describe_replicat(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
+    return 0
+
+
+def target_create(ctx: Context) -> int:
+    from trailbound.archive.segments import load_defs
+    from trailbound.replicat import target
+
+    source = ctx.source_name()
+    rules = [rule for r in ctx.config.replicats.values() if r.source.upper() == source.upper() for rule in r.map]
+    defs = load_defs(ctx.config.archive_dir(source))
+    connection = target.connect(ctx.config)
+    try:
+        with connection.cursor() as cur:
+            done = target.create_tables(cur, defs, rules or target.IDENTITY)
+        connection.commit()
+    finally:
+        connection.close()
+    for source_table, target_table, created in done:
+        print(f"{target_table:<40} {'created' if created else 'exists'} (from {source}: {source_table})")
+    return 0
+
+
+# ---------------------------------------------------------------- airflow
+
+def dags_generate(ctx: Context) -> int:
+    from trailbound import dagfiles
+
+    for path in dagfiles.generate(ctx.config, ctx.args.directory):
+        print(path)
+    return 0
+
+
 # ---------------------------------------------------------------- simulate
 
 def simulate(ctx: Context) -> int:
@@ -400,6 +477,30 @@ def build_parser() -> argparse.ArgumentParser:
     verb(purge, "trails", purge_trails, "delete trail files every reader has passed (PURGEOLDEXTRACTS "
                                         "USECHECKPOINTS)").add_argument("--dry-run", action="store_true",
                                                                         help="change nothing; say what would go")
+
+    replicat = verbs.add_parser("replicat", help="replicat runs (apply)").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    verb(replicat, "run", replicat_run, "apply the trail from the checkpoint to its committed end").add_argument("group")
+    command = verb(kinds["add"], "checkpointtable", add_checkpointtable,
+                   "create the checkpoint table (and its _lox table) in the target (ADD CHECKPOINTTABLE)")
+    command.add_argument("name", nargs="?", metavar="[SCHEMA.]NAME", help="default: the replicats' checkpointtable")
+    command = verb(kinds["alter"], "replicat", alter_replicat,
+                   "reposition a replicat: atcsn N | aftercsn N | extseqno S [extrba R]")
+    command.add_argument("group")
+    command.add_argument("change", nargs="+", metavar="atcsn N|aftercsn N|extseqno S extrba R")
+    command = verb(kinds["info"], "replicat", info_replicat, "status and checkpoints (INFO REPLICAT ... SHOWCH)")
+    command.add_argument("group")
+    command.add_argument("--showch", nargs="?", type=int, const=0, default=None, metavar="N",
+                         help="the checkpoint table row and the file checkpoint side by side; N: also the last N runs")
+    target_verbs = verbs.add_parser("target", help="the target database").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    verb(target_verbs, "create", target_create, "create the target tables from the source's defs.json (through the "
+                                                "replicats' map)").add_argument("--source", help="default: the only one")
+
+    dags = verbs.add_parser("dags", help="Airflow DAG files").add_subparsers(dest="action", required=True,
+                                                                            metavar="ACTION")
+    generate = verb(dags, "generate", dags_generate, "write one DAG file per configured group (no I/O at parse)")
+    generate.add_argument("--directory", type=Path, default=Path("dags"), help="where (default: dags/)")
 
     dump = verb(verbs, "logdump", logdump, "print the records of a trail file")
     dump.add_argument("file")

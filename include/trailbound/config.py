@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,6 +162,60 @@ class PumpConfig(_Section):
         return value
 
 
+_MAP_NAME = re.compile(r"^[^.]+\.[^.].*$")
+
+
+class MapRule(_Section):
+    """MAP source, TARGET target: source tables (`*` and `?` wildcards, schema.table) to
+    target tables. In `target`, a part that is `*` takes the source's schema or table
+    name; any other part is the name itself. The first rule that matches a table wins."""
+
+    source: str
+    target: str
+
+    @field_validator("source", "target")
+    @classmethod
+    def _qualified(cls, value: str) -> str:
+        if not _MAP_NAME.match(value):
+            raise ValueError(f"{value!r} must be schema.table (wildcards allowed: shop.*)")
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _whole_part_wildcards(cls, value: str) -> str:
+        for part in value.split(".", 1):
+            if part != "*" and any(c in part for c in "*?"):
+                raise ValueError(f"{value!r}: in a target, a wildcard stands for a whole schema or table name (*)")
+        return value
+
+
+class ReplicatConfig(_Section):
+    """A replicat group's parameters (a Replicat parameter file): the trail it applies to
+    the target database, how source tables map to target tables, and how it groups
+    source transactions into target transactions (docs/replicat.md)."""
+
+    exttrail: str                      # EXTTRAIL: the trail it reads (a local trail, or a pump's remote trail)
+    source: str                        # the source whose defs.json describes the trail's tables
+    map: list[MapRule] = Field(default_factory=lambda: [MapRule(source="*.*", target="*.*")], min_length=1)
+    grouptransops: int = Field(default=1000, ge=1)  # GROUPTRANSOPS: operations per target transaction (at least)
+    handlecollisions: bool = False     # HANDLECOLLISIONS: duplicate insert -> update; missing row -> skip, logged
+    checkpointtable: str = "trailbound.ggcheckpoint"  # CHECKPOINTTABLE [schema.]name in the target
+
+    @field_validator("exttrail")
+    @classmethod
+    def _names_a_file_prefix(cls, value: str) -> str:
+        if not value.strip() or value.endswith("/"):
+            raise ValueError("a trail is a directory plus a file-name prefix, like var/dirdat/lt")
+        return value
+
+    @field_validator("checkpointtable")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        if not value.strip() or value.startswith(".") or value.endswith("."):
+            raise ValueError("a checkpoint table is [schema.]name")
+        return value
+
+
 class PurgeOldExtractsConfig(_Section):
     """PURGEOLDEXTRACTS ... USECHECKPOINTS: trail files go once every reader has passed
     them, and only if older than `minkeephours` and not among the newest `minkeepfiles`."""
@@ -170,13 +224,22 @@ class PurgeOldExtractsConfig(_Section):
     minkeepfiles: int = Field(default=1, ge=0)
 
 
+class AirflowConfig(_Section):
+    """What `trailbound dags generate` writes into the DAG files."""
+
+    start_date: datetime = datetime(2026, 11, 1, tzinfo=timezone.utc)  # first data interval of every schedule
+    retention_interval: Duration = timedelta(hours=4)                  # how often the retention DAG runs
+
+
 class Config(_Section):
     home: Path = Path(".")
     metadata: DatabaseConfig = DatabaseConfig(dsn_env=METADATA_DSN_ENV, conn_id="trailbound_metadata")
     target: DatabaseConfig = DatabaseConfig(dsn_env=TARGET_DSN_ENV, conn_id="trailbound_target")
     sources: dict[GroupName, SourceConfig] = Field(min_length=1)
+    airflow: AirflowConfig = AirflowConfig()
     extracts: dict[GroupName, ExtractConfig] = Field(default_factory=dict)
     pumps: dict[GroupName, PumpConfig] = Field(default_factory=dict)
+    replicats: dict[GroupName, ReplicatConfig] = Field(default_factory=dict)
     purgeoldextracts: PurgeOldExtractsConfig = PurgeOldExtractsConfig()
 
     @model_validator(mode="after")
@@ -191,6 +254,16 @@ class Config(_Section):
         remote = [pump.rmttrail for pump in self.pumps.values()]
         if len(set(remote)) != len(remote):
             raise ValueError("two pumps write the same rmttrail; each remote trail has one writer")
+        return self
+
+    @model_validator(mode="after")
+    def _replicats_read_configured_sources(self) -> "Config":
+        names = [name.upper() for name in self.replicats]
+        if len(set(names)) != len(names):
+            raise ValueError("replicat names differ only in case; GoldenGate group names are case-insensitive")
+        for name, replicat in self.replicats.items():
+            if replicat.source.upper() not in {s.upper() for s in self.sources}:
+                raise ValueError(f"replicat {name} reads source {replicat.source!r}, which is not configured")
         return self
 
     @model_validator(mode="after")
@@ -248,6 +321,16 @@ class Config(_Section):
 
     def pump(self, name: str) -> PumpConfig:
         return self.pumps[self.pump_name(name)]
+
+    def replicat_name(self, name: str) -> str:
+        for key in self.replicats:
+            if key.upper() == name.upper():
+                return key
+        raise ConfigError(f"no replicat named {name!r} in the configuration; configured: "
+                          f"{', '.join(self.replicats) or 'none'}")
+
+    def replicat(self, name: str) -> ReplicatConfig:
+        return self.replicats[self.replicat_name(name)]
 
     def trail_location(self, value: str | Path) -> str:
         """A configured trail prefix as the metadata store keys it (trail_file.trail,

@@ -1,0 +1,114 @@
+"""Data-quality checks with Great Expectations: new trail files after a capture run.
+
+The checks a user relies on, as expectations on the trail's records:
+- commit order: CSNs never decrease, and no record sorts before the one above it by
+  (csn, csn_thread, csn_sequence, csn_rba, src_sequence, src_rba);
+- transaction indicators are well formed: 0 (1...) 2 or a lone 3, per transaction;
+- no record belongs to a transaction the archive shows rolled back;
+- the record count equals what the files' own metadata says.
+The Airflow capture DAG runs this after each run (the engine stays Airflow-free).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trailbound import trail
+from trailbound.archive.segments import Segment
+
+log = logging.getLogger(__name__)
+_ORDER = ["csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba"]
+
+
+@dataclass
+class QualityReport:
+    success: bool
+    checked: str
+    expectations: list[tuple[str, bool]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"{'PASSED' if self.success else 'FAILED'}: {self.checked}"]
+        lines += [f"  {'ok ' if ok else 'BAD'} {name}" for name, ok in self.expectations]
+        return "\n".join(lines)
+
+
+def rolled_back_xids(segments: list[Segment]) -> set[str]:
+    """Top-level transactions the archive shows rolled back (reads three columns only)."""
+    xids: set[str] = set()
+    for segment in segments:
+        if not segment.records or not segment.path.exists():
+            continue
+        if segment.format == "parquet":
+            table = pq.read_table(segment.path, columns=["xid", "parent_xid", "op"])
+        else:
+            import pyarrow.json as pj
+
+            table = pj.read_json(segment.path).select(["xid", "parent_xid", "op"])
+        mask = pc.and_(pc.equal(table["op"], "ROLLBACK"), pc.is_null(table["parent_xid"]))
+        xids.update(table.filter(mask)["xid"].to_pylist())
+    return xids
+
+
+def _indicators_ok(frame: pd.DataFrame) -> pd.Series:
+    """Per record: does its indicator fit its neighbours within the transaction?"""
+    key = frame[["csn", "csn_thread", "csn_sequence", "csn_rba"]].astype("int64")
+    same_as_previous = (key == key.shift(1)).all(axis=1)
+    same_as_next = (key == key.shift(-1)).all(axis=1)
+    first, last = ~same_as_previous, ~same_as_next
+    expected = pd.Series(1, index=frame.index)
+    expected[first & ~last] = trail.BEGIN
+    expected[~first & last] = trail.END
+    expected[first & last] = trail.WHOLE
+    return frame["trans_ind"].astype("int64") == expected
+
+
+def _in_order(frame: pd.DataFrame) -> pd.Series:
+    keys = list(frame[_ORDER].astype("int64").itertuples(index=False, name=None))
+    return pd.Series([True] + [a <= b for a, b in zip(keys, keys[1:])], index=frame.index)
+
+
+def validate_trail_files(files: list[Path], segments: list[Segment]) -> QualityReport:
+    """Validate trail files (in seqno order) with Great Expectations."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+
+    if not files:
+        return QualityReport(True, "no new trail files")
+    tables = [trail.read_file(path) for path in files]
+    expected_count = sum(trail.read_metadata(path)["records"] for path in files)
+    frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
+    frame["in_commit_order"] = _in_order(frame)
+    frame["indicator_well_formed"] = _indicators_ok(frame)
+
+    context = gx.get_context(mode="ephemeral")
+    batch = (context.data_sources.add_pandas("trail").add_dataframe_asset(name="records")
+             .add_batch_definition_whole_dataframe("new files").get_batch(batch_parameters={"dataframe": frame}))
+    suite = context.suites.add(gx.ExpectationSuite(name="trail"))
+    expectations = [
+        gx.expectations.ExpectColumnValuesToBeIncreasing(column="csn", strictly=False),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="in_commit_order", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="trans_ind", value_set=[0, 1, 2, 3]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="indicator_well_formed", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToNotBeInSet(column="xid", value_set=sorted(rolled_back_xids(segments))),
+        gx.expectations.ExpectTableRowCountToEqual(value=expected_count),
+    ]
+    for expectation in expectations:
+        suite.add_expectation(expectation)
+    result = batch.validate(suite)
+    report = QualityReport(bool(result.success), f"{len(frame)} records in {', '.join(p.name for p in files)}",
+                           [(r.expectation_config.type + _column(r.expectation_config), bool(r.success))
+                            for r in result.results])
+    log.info(report.describe())
+    return report
+
+
+def _column(config) -> str:
+    column = config.kwargs.get("column")
+    return f"({column})" if column else ""

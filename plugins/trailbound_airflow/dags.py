@@ -1,0 +1,144 @@
+"""DAG factories. Each DAG file under dags/ is configuration: it calls one of these with
+its group's settings (written there by `trailbound dags generate` from the configuration
+file), so that parsing a DAG file reads no file and opens no connection.
+
+Spark jobs run through SparkSubmitOperator and the `spark_default` connection (local[*]
+by default, a cluster master when the connection points at one); everything else calls
+the engine through TrailboundHook.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, DeltaDataIntervalTimetable, Param, task
+
+from trailbound_airflow.hooks import TrailboundHook
+from trailbound_airflow.sensors import ArchiveCoversIntervalSensor, LongRunningTransactionSensor
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = REPO / "jobs"
+# Task logs stay readable: Spark at WARN, no console progress bars.
+SPARK_CONF = {
+    "spark.log.level": "WARN",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(minutes=1), "owner": "trailbound"}
+
+
+def trail_asset(trail: str) -> Asset:
+    """The Asset a trail is published as: produced by its writer, scheduling its readers."""
+    return Asset(name=f"trail {trail}", uri=f"trailbound://trail/{trail.strip('/')}")
+
+
+def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: timedelta, start_date: datetime,
+                trail: str) -> DAG:
+    """Capture per extract group: wait until the archive covers the data interval, run
+    one capture batch up to its end, validate the new trail files, publish the trail."""
+    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
+             catchup=False, max_active_runs=1, tags=["trailbound", "capture", group],
+             default_args={**DEFAULT_ARGS, "depends_on_past": True}) as dag:
+        wait = ArchiveCoversIntervalSensor(task_id="wait_for_archive", source=source, poke_interval=30,
+                                           timeout=interval.total_seconds() * 4)
+
+        @task
+        def write_checkpoint_before() -> int:
+            """The trail seqno committed before this run: the validation checks what follows."""
+            from trailbound.capture import checkpoints as ckpt
+
+            with TrailboundHook().store() as store, store.transaction() as cur:
+                state = ckpt.load(cur, group)
+            return state.write.seqno if state else 0
+
+        capture = SparkSubmitOperator(
+            task_id="capture", application=str(JOBS / "extract.py"), conn_id="spark_default",
+            application_args=[group, "--until", "{{ data_interval_end.isoformat() }}"],
+            conf=SPARK_CONF, name=f"trailbound-capture-{group}")
+
+        @task(outlets=[trail_asset(trail)])
+        def validate_trail(after_seqno: int) -> str:
+            """Great Expectations on the new trail files: commit order, indicators, no
+            rolled-back transaction, record counts."""
+            from trailbound import quality
+            from trailbound.archive.catalog import ArchiveCatalog
+            from trailbound.capture import checkpoints as ckpt
+
+            hook = TrailboundHook()
+            with hook.store() as store:
+                with store.transaction() as cur:
+                    state = ckpt.load(cur, group)
+                    files = [Path(row["path"]) for row in ckpt.committed_trail_files(cur, state.exttrail)
+                             if row["seqno"] > after_seqno]
+                segments = ArchiveCatalog(store, source).segments()
+            report = quality.validate_trail_files(files, segments)
+            if not report.success:
+                raise ValueError(report.describe())
+            return report.describe()
+
+        before = write_checkpoint_before()
+        wait >> before >> capture >> validate_trail(before)
+    return dag
+
+
+def monitor_dag(*, dag_id: str, doc_md: str, group: str, interval: timedelta, start_date: datetime,
+                on_failure_callback=None) -> DAG:
+    """Long-running transaction monitor per extract: alerts (fails, firing the DAG's
+    failure callbacks) when a transaction is open longer than WARNLONGTRANS."""
+    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
+             catchup=False, max_active_runs=1, tags=["trailbound", "monitor", group], default_args=DEFAULT_ARGS,
+             on_failure_callback=on_failure_callback) as dag:
+        LongRunningTransactionSensor(task_id="long_running_transactions", group=group, poke_interval=60,
+                                     timeout=interval.total_seconds() * 4, retries=0)
+    return dag
+
+
+CONTROL_COMMANDS = ["skiptrans", "forcetrans", "brreset", "alter_extract_begin"]
+
+
+def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: list[str]) -> DAG:
+    """Manual control from the UI: one validated command per run, recorded as a directive
+    (or applied) through the engine; the result is the task's return value and log."""
+    params = {
+        "command": Param("skiptrans", enum=CONTROL_COMMANDS, description="what to do"),
+        "group": Param(groups[0] if groups else "", enum=groups or [""], description="the group it applies to"),
+        "xid": Param("", type="string", maxLength=128, description="skiptrans/forcetrans: the transaction id"),
+        "value": Param("", type="string", description="alter_extract_begin: now | TIME | scn N"),
+    }
+    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=None, start_date=start_date, catchup=False, params=params,
+             tags=["trailbound", "control"], default_args={**DEFAULT_ARGS, "retries": 0}) as dag:
+
+        @task
+        def run_command(params: dict | None = None) -> str:
+            from trailbound.capture import directives
+
+            command, group, xid, value = params["command"], params["group"], params["xid"], params["value"]
+            hook = TrailboundHook()
+            with hook.store() as store:
+                if command in ("skiptrans", "forcetrans"):
+                    if not xid:
+                        raise ValueError(f"{command} needs an xid")
+                    result = directives.request(store, group, command, xid)
+                elif command == "brreset":
+                    result = directives.request(store, group, "brreset")
+                else:
+                    from trailbound.archive.catalog import ArchiveCatalog
+                    from trailbound.capture import checkpoints as ckpt
+                    from trailbound.capture.begin import resolve_begin
+                    from trailbound.capture.run import group_lock
+
+                    with group_lock(store, group):
+                        with store.transaction() as cur:
+                            state = ckpt.load(cur, group)
+                        scn = resolve_begin(value, ArchiveCatalog(store, state.source).segments())
+                        with store.transaction() as cur:
+                            ckpt.reposition(cur, state.group, scn, value)
+                    result = f"EXTRACT {group} altered: begin {value} (scn {scn})"
+            print(result)
+            return result
+
+        run_command()
+    return dag
