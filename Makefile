@@ -33,15 +33,26 @@ endif
 # pip on some machines warns about every configured-but-absent local index: keep the noise out.
 QUIET_PIP = 2>&1 | { grep -v '^WARNING: Location' || true; }; exit $${PIPESTATUS[0]}
 
+# Airflow runs from the repository: its home under var/airflow, our dags/ and plugins/,
+# Spark through the spark_default connection (local[*]; point it at a cluster master to
+# use one). The metadata store comes from TRAILBOUND_METADATA_DSN (or the
+# trailbound_metadata connection, when you define one).
+AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+              AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins AIRFLOW__CORE__LOAD_EXAMPLES=False \
+              PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
+              AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
+
 SPARK_SUBMIT = spark-submit --master local[*] --conf spark.log.level=WARN --conf spark.ui.enabled=false \
                --conf spark.sql.session.timeZone=UTC
 
-.PHONY: help install db demo test bench env clean distclean
+.PHONY: help install db demo test bench env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
 	@echo "make test      set up, start a local PostgreSQL, run the whole test suite"
 	@echo "make bench     run the benchmarks and write their results under docs/benchmarks/"
+	@echo "make airflow   start airflow standalone (the UI on http://localhost:8080) with the DAGs loaded"
+	@echo "make dags      regenerate dags/ from the configuration file"
 	@echo "make clean     stop and remove the local PostgreSQL and everything under var/"
 	@echo "make distclean clean, and remove .venv"
 
@@ -86,6 +97,16 @@ test: db
 
 bench: db
 	@for script in tests/bench/bench_*.py; do echo "== $$script"; $(DB_ENV) $(PYTHON) $$script || exit 1; done
+
+dags: $(STAMP)
+	trailbound dags generate --directory dags
+
+var/airflow/airflow.db: | $(STAMP)
+	mkdir -p var/airflow
+	$(AIRFLOW_ENV) airflow db migrate > var/airflow/migrate.log
+
+airflow: db var/airflow/airflow.db
+	$(DB_ENV) $(AIRFLOW_ENV) airflow standalone
 
 clean:
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.localpg remove $(PG_DIR)
