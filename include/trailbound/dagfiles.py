@@ -10,6 +10,7 @@ This module only writes text: the engine never imports Airflow.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -49,13 +50,19 @@ def _render(title: str, body: str, factory: str, **arguments) -> str:
     return _HEADER.format(title=title, body=body, factory=factory, arguments=lines)
 
 
+def _trail(text: str) -> str:
+    """A trail as its Asset names it: the configured text, lexically normalised, so that
+    a writer's and a reader's spelling of one trail meet."""
+    return text if "://" in text else os.path.normpath(text)
+
+
 def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]:
     """File name -> content for every DAG the configuration implies."""
     files: dict[str, str] = {}
     start = config.airflow.start_date
     for name, extract in config.extracts.items():
         source = config.source_name(extract.source)
-        trail = str(extract.exttrail)
+        trail = _trail(str(extract.exttrail))
         files[f"capture_{name.lower()}.py"] = _render(
             f"Capture {name}: source {source} into trail {trail}, every {extract.interval}.",
             "Each run waits until the redo archive covers its data interval, runs one capture\n"
@@ -69,6 +76,25 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             "transaction open longer than the limit (xid, age, start position), which fires\n"
             "the DAG's failure callbacks; quiet otherwise.",
             "monitor_dag", group=name, interval=extract.interval, start_date=start)
+    for name, pump in config.pumps.items():
+        files[f"pump_{name.lower()}.py"] = _render(
+            f"Pump {name}: ship trail {pump.exttrail} to {pump.rmttrail}.",
+            "Runs whenever the trail it reads is published (and by hand): ships every committed\n"
+            "file not shipped yet (spark-submit jobs/pump.py), then publishes the remote trail.",
+            "pump_dag", group=name, start_date=start, source_trail=_trail(pump.exttrail),
+            remote_trail=_trail(pump.rmttrail))
+    for name, replicat in config.replicats.items():
+        files[f"replicat_{name.lower()}.py"] = _render(
+            f"Replicat {name}: apply trail {replicat.exttrail} to the target, exactly once.",
+            "Runs whenever the trail it reads is published (and by hand): applies it from the\n"
+            "checkpoint (spark-submit jobs/replicat.py), then checks the replica with Great\n"
+            "Expectations (row counts and checksums against the expected state).",
+            "replicat_dag", group=name, start_date=start, trail=_trail(replicat.exttrail))
+    files["retention.py"] = _render(
+        f"Archive-log retention, every {config.airflow.retention_interval}.",
+        "Purges redo segments below the minimum SCN every registered capture still needs,\n"
+        "honouring minkeephours, backups and the space limit; publishes what it did.",
+        "retention_dag", interval=config.airflow.retention_interval, start_date=start)
     files["control.py"] = _render(
         "Control: one command from the UI, recorded for the next run.",
         "Trigger with params: skiptrans / forcetrans XID (SEND EXTRACT), brreset (START\n"

@@ -112,3 +112,79 @@ def validate_trail_files(files: list[Path], segments: list[Segment]) -> QualityR
 def _column(config) -> str:
     column = config.kwargs.get("column")
     return f"({column})" if column else ""
+
+
+def _copy_text(value) -> str:
+    """A truth value (contract encoding) as a COPY text field."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (int, float)):
+        text = repr(value)
+    else:
+        text = str(value)
+    return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r"))
+
+
+def validate_replica(config, group: str) -> QualityReport:
+    """Great Expectations on the replica: per target table, the row count and a checksum
+    of every row equal those of the expected state. The expected state is the source's
+    `truth` file (the simulator writes one); PostgreSQL parses both sides with the target's
+    own types, so numeric scale, bytea, timestamptz and NULL vs '' all count."""
+    import io
+    import json
+
+    import great_expectations as gx
+    from psycopg2 import sql
+
+    from trailbound.replicat.target import connect, map_name
+
+    replicat = config.replicat(group)
+    source = config.source(replicat.source)
+    if source.truth is None:
+        return QualityReport(True, f"no truth file configured for source {replicat.source}: replica not compared")
+    truth = json.loads(config.path(source.truth).read_text())
+    rows = []
+    connection = connect(config)
+    try:
+        with connection.cursor() as cur:
+            for name, table in truth["tables"].items():
+                target = map_name(replicat.map, name)
+                if target is None:
+                    continue
+                columns = sql.SQL(", ").join(sql.Identifier(c) for c in table["columns"])
+                relation = sql.Identifier(*target)
+                cur.execute(sql.SQL("CREATE TEMP TABLE expected ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                            .format(columns, relation))
+                data = "".join("\t".join(_copy_text(row[c]) for c in table["columns"]) + "\n" for row in table["rows"])
+                cur.copy_expert(sql.SQL("COPY expected ({}) FROM STDIN").format(columns).as_string(cur),
+                                io.StringIO(data))
+                checksum = sql.SQL("SELECT count(*), md5(coalesce(string_agg(r::text, E'\\n' ORDER BY r::text), ''))"
+                                   " FROM (SELECT {} FROM {}) r")
+                cur.execute(checksum.format(columns, relation))
+                target_rows, target_md5 = cur.fetchone()
+                cur.execute(checksum.format(columns, sql.Identifier("expected")))
+                expected_rows, expected_md5 = cur.fetchone()
+                rows.append({"table": name, "target_rows": target_rows, "expected_rows": expected_rows,
+                             "target_md5": target_md5, "expected_md5": expected_md5})
+                connection.rollback()  # drops the temp table; nothing was written
+    finally:
+        connection.close()
+    frame = pd.DataFrame(rows)
+    context = gx.get_context(mode="ephemeral")
+    batch = (context.data_sources.add_pandas("replica").add_dataframe_asset(name="tables")
+             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
+    suite = context.suites.add(gx.ExpectationSuite(name="replica"))
+    suite.add_expectation(gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="target_rows",
+                                                                           column_B="expected_rows"))
+    suite.add_expectation(gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="target_md5",
+                                                                           column_B="expected_md5"))
+    result = batch.validate(suite)
+    differing = [r["table"] for r in rows if (r["target_rows"], r["target_md5"]) != (r["expected_rows"],
+                                                                                     r["expected_md5"])]
+    report = QualityReport(bool(result.success), f"{len(rows)} target tables against {source.truth}"
+                           + (f"; differing: {', '.join(differing)}" if differing else ""),
+                           [(r.expectation_config.type, bool(r.success)) for r in result.results])
+    log.info(report.describe())
+    return report

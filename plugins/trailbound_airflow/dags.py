@@ -142,3 +142,59 @@ def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: list[
 
         run_command()
     return dag
+
+
+def pump_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, source_trail: str,
+             remote_trail: str) -> DAG:
+    """Pump per group: runs when the trail it reads is published (and by hand), ships
+    what is new, publishes the remote trail."""
+    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=[trail_asset(source_trail)], start_date=start_date,
+             catchup=False, max_active_runs=1, tags=["trailbound", "pump", group], default_args=DEFAULT_ARGS) as dag:
+        SparkSubmitOperator(task_id="pump", application=str(JOBS / "pump.py"), conn_id="spark_default",
+                            application_args=[group], conf=SPARK_CONF, name=f"trailbound-pump-{group}",
+                            outlets=[trail_asset(remote_trail)])
+    return dag
+
+
+def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, trail: str) -> DAG:
+    """Replicat per group: runs when the trail it applies is published (and by hand),
+    applies it exactly once, then checks the replica with Great Expectations."""
+    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=[trail_asset(trail)], start_date=start_date, catchup=False,
+             max_active_runs=1, tags=["trailbound", "replicat", group], default_args=DEFAULT_ARGS) as dag:
+        apply = SparkSubmitOperator(task_id="replicat", application=str(JOBS / "replicat.py"),
+                                    conn_id="spark_default", application_args=[group], conf=SPARK_CONF,
+                                    name=f"trailbound-replicat-{group}")
+
+        @task
+        def check_replica() -> str:
+            """Row counts and per-table checksums of the target against what the applied
+            trail says should be there (or the simulator's truth file, when configured)."""
+            from trailbound import quality
+
+            report = quality.validate_replica(TrailboundHook().config, group)
+            if not report.success:
+                raise ValueError(report.describe())
+            return report.describe()
+
+        apply >> check_replica()
+    return dag
+
+
+def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: datetime) -> DAG:
+    """Archive-log retention: purge redo segments below the minimum SCN every registered
+    capture still needs, honouring the policies; publishes what it did."""
+    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
+             catchup=False, max_active_runs=1, tags=["trailbound", "retention"], default_args=DEFAULT_ARGS) as dag:
+
+        @task(outlets=[Asset(name="archive retention", uri="trailbound://retention/archive")])
+        def purge_archive() -> str:
+            from trailbound.retention import run_retention
+
+            hook = TrailboundHook()
+            with hook.store() as store:
+                result = run_retention(store, hook.config)
+            print(result.describe())
+            return result.describe()
+
+        purge_archive()
+    return dag
