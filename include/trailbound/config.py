@@ -73,6 +73,7 @@ class SourceConfig(_Section):
     docs/redo-archive.md)."""
 
     altarchivelogdest: Path  # TRANLOGOPTIONS ALTARCHIVELOGDEST: the archive directory
+    truth: Path | None = None  # the simulator's expected final state, for the replica check (demo, tests)
 
 
 _BR_MIN, _BR_MAX = timedelta(minutes=20), timedelta(hours=96)
@@ -231,6 +232,39 @@ class AirflowConfig(_Section):
     retention_interval: Duration = timedelta(hours=4)                  # how often the retention DAG runs
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> int | None:
+    """maxbytes: a byte count, or 500M / 20G / 1T (powers of 1024, like RMAN's sizes)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a size like 1073741824, 500M or 20G")
+    amount, unit = match.groups()
+    return int(amount) * 1024 ** "_KMGT".index(unit.upper() or "_")
+
+
+class RetentionConfig(_Section):
+    """Archive-log retention (docs/retention.md): RMAN's archivelog deletion policy made
+    capture-aware, as REGISTER EXTRACT ... LOGRETENTION makes it in Oracle. A segment goes
+    once every registered capture is past it, and only if these allow it too. They apply
+    to each source's archive separately."""
+
+    minkeephours: float = Field(default=8, ge=0)   # keep the newest N hours of log (log time); advice: 2 x brinterval
+    backedup: int = Field(default=0, ge=0)          # BACKED UP n TIMES: keep until marked backed up n times
+    maxbytes: Annotated[int | None, BeforeValidator(parse_size)] = None  # space limit of an archive
+    #   (db_recovery_file_dest_size): over it, the oldest segments go even if a capture needs them
+
+    @field_validator("maxbytes")
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value <= 0:
+            raise ValueError("maxbytes must be a positive size (or absent: no space limit)")
+        return value
+
+
 class Config(_Section):
     home: Path = Path(".")
     metadata: DatabaseConfig = DatabaseConfig(dsn_env=METADATA_DSN_ENV, conn_id="trailbound_metadata")
@@ -241,6 +275,7 @@ class Config(_Section):
     pumps: dict[GroupName, PumpConfig] = Field(default_factory=dict)
     replicats: dict[GroupName, ReplicatConfig] = Field(default_factory=dict)
     purgeoldextracts: PurgeOldExtractsConfig = PurgeOldExtractsConfig()
+    retention: RetentionConfig = RetentionConfig()
 
     @model_validator(mode="after")
     def _pumps_are_extract_groups(self) -> "Config":
