@@ -10,6 +10,10 @@
     trailbound pump run PMP1                 ship committed trail files to the remote trail
     trailbound add|delete|info pump PMP1     manage pump groups (info: --showch)
     trailbound purge trails [--dry-run]      delete trail files every reader has passed
+    trailbound register|unregister extract EXT1 logretention   keep the log EXT1 needs (or stop)
+    trailbound retention run [--dry-run]     purge redo segments no registered capture needs
+    trailbound info retention                required SCNs, what is purgeable, why the rest stays
+    trailbound archive mark-backed-up        count a backup of segments (the backedup policy)
     trailbound replicat run REP1             apply the trail to the target, exactly once
     trailbound add checkpointtable [S.NAME]  create the checkpoint table in the target
     trailbound alter replicat REP1 atcsn N   reposition (atcsn|aftercsn N, extseqno S extrba R)
@@ -107,6 +111,12 @@ def archive_list(ctx: Context) -> int:
     for entry in [] if ctx.args.summary else entries:
         s = entry.segment
         flags = entry.status + (" closed" if s.closed else "")
+        flags += f" backed-up x{entry.backed_up_count}" if entry.backed_up_count else ""
+        if entry.purge_reason and entry.state != "available":
+            flags += f" {entry.purged_at:%Y-%m-%d %H:%M:%S}: {entry.purge_reason}" if entry.purged_at else \
+                f": {entry.purge_reason}"
+        elif entry.restored_at:
+            flags += f" (restored {entry.restored_at:%Y-%m-%d %H:%M:%S} after a purge)"
         print(f"{s.thread:>6} {s.sequence:>9} {s.first_scn:>12} {s.next_scn:>12} "
               f"{s.first_time:%Y-%m-%d %H:%M:%S}  {s.next_time:%Y-%m-%d %H:%M:%S}  "
               f"{s.records:>9} {s.bytes:>11} {flags}")
@@ -137,6 +147,49 @@ def archive_verify(ctx: Context) -> int:
     checked = ArchiveCatalog(ctx.store, source).verify(ctx.config.archive_dir(source), ctx.spark)
     records = sum(s.records for s in checked)
     print(f"Source {source}: {len(checked)} segment(s), {records} records verified: manifests, sequence, records OK")
+    return 0
+
+
+def archive_mark_backed_up(ctx: Context) -> int:
+    from trailbound.archive.catalog import ArchiveCatalog
+
+    source = ctx.source_name()
+    marked = ArchiveCatalog(ctx.store, source).mark_backed_up(ctx.args.thread, ctx.args.through_sequence)
+    print(f"Source {source}: {marked} available segment(s) marked backed up once more")
+    return 0
+
+
+# ---------------------------------------------------------------- archive-log retention
+
+def register_extract(ctx: Context) -> int:
+    from trailbound import retention
+
+    registration = retention.register(ctx.store, ctx.config, ctx.args.group)
+    print(f"EXTRACT {registration.group} registered with logretention on source {registration.source}: first scn "
+          f"{registration.first_scn}; retention keeps every segment it can still need")
+    return 0
+
+
+def unregister_extract(ctx: Context) -> int:
+    from trailbound import retention
+
+    name = retention.unregister(ctx.store, ctx.args.group)
+    print(f"EXTRACT {name} unregistered: it no longer holds redo log against retention")
+    return 0
+
+
+def retention_run(ctx: Context) -> int:
+    from trailbound import retention
+
+    print(retention.run_retention(ctx.store, ctx.config, dry_run=ctx.args.dry_run,
+                                  source=ctx.args.source).describe())
+    return 0
+
+
+def info_retention(ctx: Context) -> int:
+    from trailbound import retention
+
+    print(retention.describe_retention(ctx.store, ctx.config, source=ctx.args.source))
     return 0
 
 
@@ -411,9 +464,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True, metavar="ACTION")
     for name, handler, text in (("scan", archive_scan, "catalog new segments after checking them"),
                                 ("list", archive_list, "segments per thread, SCN and time ranges, status"),
-                                ("verify", archive_verify, "check every segment and record again; writes nothing")):
+                                ("verify", archive_verify, "check every segment and record again; writes nothing"),
+                                ("mark-backed-up", archive_mark_backed_up, "count one more backup of available "
+                                                                           "segments (the retention backedup policy)")):
         sub = verb(archive, name, handler, text)
         sub.add_argument("--source", help="source name (default: the only one configured)")
+        if name == "mark-backed-up":
+            sub.add_argument("--thread", type=int, help="only this thread")
+            sub.add_argument("--through-sequence", type=int, metavar="S", help="only sequences up to S")
         if name == "list":
             sub.add_argument("--thread", type=int, help="only this thread")
             sub.add_argument("--summary", action="store_true", help="one line per thread, no segment lines")
@@ -477,6 +535,24 @@ def build_parser() -> argparse.ArgumentParser:
     verb(purge, "trails", purge_trails, "delete trail files every reader has passed (PURGEOLDEXTRACTS "
                                         "USECHECKPOINTS)").add_argument("--dry-run", action="store_true",
                                                                         help="change nothing; say what would go")
+
+    for word, handler, text in (("register", register_extract, "keep the redo log a capture still needs "
+                                                               "(REGISTER EXTRACT ... LOGRETENTION)"),
+                                ("unregister", unregister_extract, "stop keeping redo log for a capture "
+                                                                   "(UNREGISTER EXTRACT ... LOGRETENTION)")):
+        kind = verbs.add_parser(word, help=text).add_subparsers(dest="kind", required=True, metavar="KIND")
+        command = verb(kind, "extract", handler, text)
+        command.add_argument("group")
+        command.add_argument("option", choices=["logretention"], type=str.lower, metavar="logretention")
+    retention = verbs.add_parser("retention", help="archive-log retention").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    command = verb(retention, "run", retention_run, "purge redo segments below the lowest SCN every registered "
+                                                    "capture needs, subject to minkeephours, backedup, maxbytes")
+    command.add_argument("--dry-run", action="store_true", help="change nothing; say what would go and why")
+    command.add_argument("--source", help="only this source (default: every configured one)")
+    command = verb(kinds["info"], "retention", info_retention, "registrations and their required SCNs, what is "
+                                                               "purgeable now and why the rest is kept")
+    command.add_argument("--source", help="only this source (default: every configured one)")
 
     replicat = verbs.add_parser("replicat", help="replicat runs (apply)").add_subparsers(
         dest="action", required=True, metavar="ACTION")

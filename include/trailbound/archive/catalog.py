@@ -29,6 +29,10 @@ class CatalogEntry:
     state: str
     cataloged_at: datetime
     purged_at: datetime | None = None
+    purge_reason: str | None = None
+    purge_scn: int | None = None         # the required SCN that allowed the purge (None: forced)
+    backed_up_count: int = 0
+    restored_at: datetime | None = None  # its files came back after a purge
 
     @property
     def status(self) -> str:
@@ -72,7 +76,7 @@ def compute_horizon(segments: Sequence[Segment], until: datetime | None = None) 
 
 
 _COLUMNS = ("thread, sequence, first_scn, next_scn, first_time, next_time, records, bytes, sha256, format, "
-            "path, closed, state, cataloged_at, purged_at")
+            "path, closed, state, cataloged_at, purged_at, purge_reason, purge_scn, backed_up_count, restored_at")
 
 
 def _entry(row: dict) -> CatalogEntry:
@@ -81,19 +85,29 @@ def _entry(row: dict) -> CatalogEntry:
         first_time=row["first_time"], next_time=row["next_time"], records=row["records"], bytes=row["bytes"],
         sha256=row["sha256"], format=row["format"], path=Path(row["path"]), closed=row["closed"],
     )
-    return CatalogEntry(segment, row["state"], row["cataloged_at"], row["purged_at"])
+    return CatalogEntry(segment, row["state"], row["cataloged_at"], row["purged_at"], row["purge_reason"],
+                        row["purge_scn"], row["backed_up_count"], row["restored_at"])
+
+
+def load_entries(cur, source: str) -> list[CatalogEntry]:
+    """A source's catalog rows through an open cursor (inside a caller's transaction)."""
+    cur.execute(f"SELECT {_COLUMNS} FROM trailbound.archive_segment WHERE source = %s ORDER BY thread, sequence",
+                (source,))
+    return [_entry(row) for row in cur.fetchall()]
 
 
 @dataclass
 class ScanResult:
     added: list[Segment]
     known: int
+    restored: list[Segment] = field(default_factory=list)
 
     def describe(self) -> str:
+        back = "".join(f"; thread {s.thread} sequence {s.sequence} restored, available again" for s in self.restored)
         if not self.added:
-            return f"no new segments ({self.known} already cataloged)"
+            return f"no new segments ({self.known} already cataloged){back}"
         records = sum(s.records for s in self.added)
-        return f"cataloged {len(self.added)} new segment(s), {records} records ({self.known} already cataloged)"
+        return f"cataloged {len(self.added)} new segment(s), {records} records ({self.known} already cataloged){back}"
 
 
 class ArchiveCatalog:
@@ -105,9 +119,7 @@ class ArchiveCatalog:
 
     def entries(self) -> list[CatalogEntry]:
         with self.store.transaction() as cur:
-            cur.execute(f"SELECT {_COLUMNS} FROM trailbound.archive_segment WHERE source = %s "
-                        "ORDER BY thread, sequence", (self.source,))
-            return [_entry(row) for row in cur.fetchall()]
+            return load_entries(cur, self.source)
 
     def segments(self) -> list[Segment]:
         return [entry.segment for entry in self.entries()]
@@ -131,12 +143,38 @@ class ArchiveCatalog:
         """Segments whose manifest exists but that no scan has cataloged yet."""
         return self._split(archive_dir)[1]
 
+    def restorable(self, archive_dir: Path) -> list[Segment]:
+        """Purged segments whose manifest and data file are back in the archive directory
+        (restored from a backup). Their sha256 is checked against the catalog by `_split`
+        (the manifest) and by `readmit` (the data file)."""
+        entries, _ = self._split(archive_dir)
+        return [e.segment for e in entries.values()
+                if e.state == PURGED and e.segment.manifest_path.exists() and e.segment.path.exists()]
+
+    def readmit(self, archive_dir: Path) -> list[Segment]:
+        """Make restored segments available again, after checking each data file against
+        the manifest the catalog recorded (size, sha256, record count). The records were
+        checked when the segment was first cataloged and the bytes are the same, so no
+        Spark is needed. A mismatch raises ArchiveError and changes nothing."""
+        restored = self.restorable(archive_dir)
+        for segment in restored:
+            seg.verify_data(segment)
+        if restored:
+            with self.store.transaction() as cur:
+                cur.executemany(
+                    "UPDATE trailbound.archive_segment SET state = %s, restored_at = now()"
+                    " WHERE source = %s AND thread = %s AND sequence = %s AND state = %s",
+                    [(AVAILABLE, self.source, s.thread, s.sequence, PURGED) for s in restored])
+        return restored
+
     def scan(self, archive_dir: Path, spark) -> ScanResult:
         """Discover segments not yet cataloged, check them (files, sequence, every record),
         and record them all in one transaction. Any violation raises ArchiveError and
-        records nothing."""
+        records nothing. Purged segments whose files were restored become available
+        again first (`readmit`)."""
         from trailbound.archive import reader
 
+        restored = self.readmit(archive_dir)
         entries, new = self._split(archive_dir)
         last_known = {thread: entries[(thread, sequence)].segment for thread, sequence in sorted(entries)}
         seg.check_sequence(new, last_known)
@@ -145,7 +183,7 @@ class ArchiveCatalog:
         if new:
             reader.check_records(spark, new)
             self._insert(new)
-        return ScanResult(added=new, known=len(entries))
+        return ScanResult(added=new, known=len(entries), restored=restored)
 
     def verify(self, archive_dir: Path, spark) -> list[Segment]:
         """Check everything again, writing nothing: every available cataloged segment and
@@ -162,6 +200,16 @@ class ArchiveCatalog:
             seg.verify_data(segment)
         reader.check_records(spark, readable)
         return readable
+
+    def mark_backed_up(self, thread: int | None = None, through_sequence: int | None = None) -> int:
+        """Count one more backup of the available segments (of one thread, up to a
+        sequence): what RMAN's BACKED UP n TIMES deletion policy counts. Returns how many."""
+        with self.store.transaction() as cur:
+            cur.execute("UPDATE trailbound.archive_segment SET backed_up_count = backed_up_count + 1"
+                        " WHERE source = %s AND state = %s AND (%s::integer IS NULL OR thread = %s)"
+                        " AND (%s::bigint IS NULL OR sequence <= %s)",
+                        (self.source, AVAILABLE, thread, thread, through_sequence, through_sequence))
+            return cur.rowcount
 
     def _insert(self, new: Sequence[Segment]) -> None:
         with self.store.transaction() as cur:

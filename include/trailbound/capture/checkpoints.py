@@ -9,7 +9,7 @@ is visible: its trail files lie past the committed write checkpoint.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -118,6 +118,22 @@ class ExtractState:
         if starts:
             return min(starts)
         return self.read_scn
+
+    def required_scn(self, br_usable: bool) -> int:
+        """The lowest SCN the next run can need from the archive: archive-log retention's
+        REQUIRED_CHECKPOINT_SCN. It follows `capture.run.restart_point`: with Bounded
+        Recovery usable and persisted transactions open, the oldest non-persisted open
+        transaction, the last BR checkpoint and the read position; otherwise every open
+        transaction that will be written, and the read position. Before the first run
+        (or after `alter extract ... begin`), the begin SCN."""
+        if self.read_scn is None:
+            return self.begin_scn
+        live = [t for t in self.open if t.skip_reason is None]
+        if br_usable and self.br_checkpoint is not None and any(t.persisted for t in live):
+            floors = [t.start.scn for t in live if t.persisted is None] + [self.br_checkpoint.scn]
+        else:
+            floors = [t.start.scn for t in live]
+        return min(floors + [self.read_scn])
 
 
 def load(cur, group: str) -> ExtractState | None:
@@ -267,6 +283,24 @@ def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict,
                  run["records_read"], run["transactions"], run["records_written"],
                  json.dumps(_jsonable(checkpoints)), run.get("recovery"), run.get("reread_records"),
                  run.get("read_from_time"), state.read_time, run.get("br_checkpoint_id")))
+    _update_registration(cur, state)
+
+
+def _update_registration(cur, state: ExtractState) -> None:
+    """LOGRETENTION: a registered group's required SCN moves in the same transaction as
+    the checkpoints it is computed from, so retention never sees one without the other.
+    The BR checkpoint this run may just have inserted is the one the next run restarts
+    from. A run that committed could read all it needed: any restore request is done."""
+    cur.execute("SELECT * FROM trailbound.br_checkpoint WHERE group_name = %s ORDER BY checkpoint_id DESC LIMIT 1",
+                (state.group,))
+    b = cur.fetchone()
+    latest = BrCheckpoint(b["checkpoint_id"], b["scn"], b["log_time"], b["interval_seconds"], b["table_spec"],
+                          b["oldest_nonpersisted"], b["persisted"], b["persisted_bytes"], b["created_at"]) if b else None
+    # Persisted objects survive a run only when BR was on for it (restored, or written by
+    # its checkpoint), so the state itself says whether the next run can use them.
+    required = replace(state, br_checkpoint=latest).required_scn(br_usable=state.br_suspended is None)
+    cur.execute("UPDATE trailbound.capture_registration SET required_scn = %s, updated_at = now(),"
+                " needs_restore = NULL WHERE group_name = %s", (required, state.group))
 
 
 def committed_trail_files(cur, trail: Path) -> list[dict]:
