@@ -1,0 +1,358 @@
+"""Applying to the target: the fast path (net rows, COPY, set-based merge) and the
+record-by-record replay it falls back to.
+
+Fast path, per unit and table, inside the group's one target transaction:
+
+1. COPY the staged rows (kinds D, U, M; see netchange.py) into a temporary staging
+   table typed like the target (PostgreSQL parses every value itself).
+2. Read the rows being moved (M) from the target, merged with their new values.
+3. DELETE the rows deleted or moved away (D, M).
+4. UPDATE the rows changed in place (U): a column keeps the target's value unless the
+   mask says the images carried it.
+5. INSERT the moved rows at their new keys, then COPY the new rows (I) straight into
+   the target table.
+
+Every step checks how many rows it touched. A missing or duplicated row, a constraint
+violation or a value the target refuses makes the caller roll the group back and replay
+it transaction by transaction (`Replayer`), which pins the error to one trail record or,
+with HANDLECOLLISIONS, turns a duplicate insert into an update and skips a missing row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import psycopg2
+import psycopg2.errors
+from psycopg2 import sql
+
+from trailbound.crash import crashpoint
+from trailbound.errors import TrailboundError
+from trailbound.replicat.target import TablePlan
+
+log = logging.getLogger("trailbound.replicat")
+
+_COPY_CHUNK = 1 << 20
+# Errors that say "this group's data does not fit the target as it is": replay the group
+# record by record to find (or, with HANDLECOLLISIONS, absorb) the record responsible.
+DATA_ERRORS = (psycopg2.IntegrityError, psycopg2.DataError)
+
+
+class Collision(Exception):
+    """A fast-path step touched a different number of rows than the net change expects."""
+
+
+class NeedsReplay(Exception):
+    """The net change could not be computed set-wise for a unit (a chain of key updates
+    too long to resolve): apply it record by record."""
+
+
+class ApplyError(TrailboundError):
+    """A trail record the target refuses. Names the trail file, rba, CSN, table and key."""
+
+    def __init__(self, path: str, rba: int, csn, xid: str, op: str, table: str, key: dict | None, message: str):
+        self.path, self.rba, self.csn, self.xid, self.op, self.table, self.key = path, rba, csn, xid, op, table, key
+        shown_key = json.dumps(key, ensure_ascii=False) if key is not None else "-"
+        super().__init__(f"{path} rba {rba}: CSN {csn} xid {xid!r}: {op} on {table} key {shown_key}: {message}")
+
+
+class _Payload:
+    """A file-like view of COPY data for psycopg2. The crash point fires once the first
+    chunk has gone to the server and the COPY is under way."""
+
+    def __init__(self, view: memoryview):
+        self.view, self.position, self.reads = view, 0, 0
+
+    def read(self, size: int = -1) -> bytes:
+        self.reads += 1
+        if self.reads == 2:
+            crashpoint("mid_copy")
+        if self.position >= len(self.view):
+            return b""
+        size = _COPY_CHUNK if size is None or size < 0 else size
+        chunk = bytes(self.view[self.position:self.position + size])
+        self.position += len(chunk)
+        return chunk
+
+
+def _copy(cur, statement: str, data: memoryview) -> None:
+    cur.copy_expert(statement, _Payload(data), size=_COPY_CHUNK)
+
+
+@dataclass
+class _Staging:
+    """The session's temporary tables and statements for one target table."""
+
+    number: int
+    plan: TablePlan
+    stage: sql.Identifier = field(init=False)
+    moved: sql.Identifier = field(init=False)
+
+    def __post_init__(self):
+        self.stage = sql.Identifier(f"tb_stage_{self.number}")
+        self.moved = sql.Identifier(f"tb_moved_{self.number}")
+
+    @property
+    def _cols(self) -> list[sql.Identifier]:
+        return [sql.Identifier(c) for c in self.plan.columns]
+
+    def ddl(self) -> sql.Composed:
+        p = self.plan
+        typed = lambda name, type_name: sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_name))  # noqa: E731
+        stage_columns = [sql.SQL("kind text"), sql.SQL("mask text")]
+        stage_columns += [typed(f"o{i}", p.type_of(k)) for i, k in enumerate(p.key, start=1)]
+        stage_columns += [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
+        moved_columns = [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
+        # Emptied by TRUNCATE when next used, not ON COMMIT DELETE ROWS: that truncates
+        # every such table at every commit (measured ~1 ms per target transaction).
+        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE TEMP TABLE {} ({})").format(
+            self.stage, sql.SQL(", ").join(stage_columns), self.moved, sql.SQL(", ").join(moved_columns))
+
+    def _match(self) -> sql.Composed:
+        """Target row t is the row at staged origin key s.o1..ok (NULL-safe where the
+        target allows NULL: a keyless table's columns)."""
+        terms = []
+        for i, k in enumerate(self.plan.key, start=1):
+            op = "IS NOT DISTINCT FROM" if self.plan.nullable(k) else "="
+            terms.append(sql.SQL("t.{} {} s.{}").format(sql.Identifier(k), sql.SQL(op), sql.Identifier(f"o{i}")))
+        return sql.SQL(" AND ").join(terms)
+
+    def _merged(self, i: int, column: str) -> sql.Composed:
+        return sql.SQL("CASE WHEN substr(s.mask, {i}, 1) = '1' THEN s.{c} ELSE t.{col} END").format(
+            i=sql.Literal(i), c=sql.Identifier(f"c{i}"), col=sql.Identifier(column))
+
+    def copy_stage(self) -> sql.Composed:
+        return sql.SQL("COPY pg_temp.{} FROM STDIN").format(self.stage)
+
+    def copy_target(self) -> sql.Composed:
+        return sql.SQL("COPY {} ({}) FROM STDIN").format(self.plan.ident, sql.SQL(", ").join(self._cols))
+
+    def select_moved(self) -> sql.Composed:
+        merged = [self._merged(i, c) for i, c in enumerate(self.plan.columns, start=1)]
+        return sql.SQL("INSERT INTO pg_temp.{moved} SELECT {merged} FROM pg_temp.{stage} s JOIN {target} t ON {match}"
+                       " WHERE s.kind = 'M'").format(moved=self.moved, merged=sql.SQL(", ").join(merged),
+                                                     stage=self.stage, target=self.plan.ident, match=self._match())
+
+    def delete(self) -> sql.Composed:
+        return sql.SQL("DELETE FROM {target} t USING pg_temp.{stage} s WHERE s.kind IN ('D', 'M') AND {match}").format(
+            target=self.plan.ident, stage=self.stage, match=self._match())
+
+    def update(self) -> sql.Composed:
+        sets = [sql.SQL("{} = {}").format(sql.Identifier(c), self._merged(i, c))
+                for i, c in enumerate(self.plan.columns, start=1) if c not in self.plan.key]
+        if not sets:  # every column is key: nothing to set, but the rows must exist
+            return sql.SQL("SELECT 1 FROM {target} t JOIN pg_temp.{stage} s ON {match} WHERE s.kind = 'U'").format(
+                target=self.plan.ident, stage=self.stage, match=self._match())
+        return sql.SQL("UPDATE {target} t SET {sets} FROM pg_temp.{stage} s WHERE s.kind = 'U' AND {match}").format(
+            target=self.plan.ident, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match())
+
+    def insert_moved(self) -> sql.Composed:
+        return sql.SQL("INSERT INTO {} ({}) SELECT * FROM pg_temp.{}").format(
+            self.plan.ident, sql.SQL(", ").join(self._cols), self.moved)
+
+    def clear(self) -> sql.Composed:
+        return sql.SQL("TRUNCATE pg_temp.{}, pg_temp.{}").format(self.stage, self.moved)
+
+
+@dataclass
+class _Statements:
+    """One table's statements, composed once (composing quotes every identifier)."""
+
+    copy_stage: str
+    copy_target: str
+    select_moved: str
+    delete: str
+    update: str
+    insert_moved: str
+    clear: str
+
+    @classmethod
+    def of(cls, staging: _Staging, connection) -> "_Statements":
+        return cls(*(getattr(staging, name)().as_string(connection) for name in
+                     ("copy_stage", "copy_target", "select_moved", "delete", "update", "insert_moved", "clear")))
+
+
+class FastApplier:
+    """The set-based path. One instance per target connection (its temporary tables)."""
+
+    def __init__(self, connection, plans: dict[str, TablePlan | None]):
+        self.connection = connection
+        self.plans = plans
+        self._staging: dict[str, _Staging] = {}
+        self._sql: dict[str, _Statements] = {}
+        self._dirty: set[str] = set()   # staging tables that may hold rows
+
+    def prepare(self, tables) -> None:
+        """Create the staging tables these source tables need (committed at once: a
+        rolled-back group must not take them with it)."""
+        missing = [t for t in tables if t not in self._staging and self.plans.get(t) is not None]
+        if not missing:
+            return
+        with self.connection.cursor() as cur:
+            for table in missing:
+                staging = _Staging(len(self._staging) + 1, self.plans[table])
+                cur.execute(staging.ddl())
+                self._staging[table] = staging
+                self._sql[table] = _Statements.of(staging, self.connection)
+        self.connection.commit()
+
+    def truncate(self, cur, table: str) -> None:
+        plan = self.plans.get(table)
+        if plan is not None:
+            cur.execute(sql.SQL("TRUNCATE {}").format(plan.ident))
+
+    def apply(self, cur, table: str, staged: memoryview | None, counts: dict[str, int], inserts: memoryview | None) -> int:
+        """Apply one unit's net rows for one table; returns the rows written."""
+        plan, statements = self.plans[table], self._sql[table]
+        written = 0
+        if staged is not None and len(staged):
+            if table in self._dirty:  # rows of an earlier unit, committed or rolled back
+                cur.execute(statements.clear)
+            self._dirty.add(table)
+            _copy(cur, statements.copy_stage, staged)
+            moves, deletes, updates = counts.get("M", 0), counts.get("D", 0), counts.get("U", 0)
+            if moves:
+                cur.execute(statements.select_moved)
+                self._check(cur, moves, "rows to move by a key update", plan)
+            if deletes + moves:
+                cur.execute(statements.delete)
+                self._check(cur, deletes + moves, "rows to delete", plan)
+            if updates:
+                cur.execute(statements.update)
+                self._check(cur, updates, "rows to update", plan)
+            if moves:
+                cur.execute(statements.insert_moved)
+            written += moves + deletes + updates
+        if inserts is not None and len(inserts):
+            _copy(cur, statements.copy_target, inserts)
+            written += cur.rowcount
+        return written
+
+    @staticmethod
+    def _check(cur, expected: int, what: str, plan: TablePlan) -> None:
+        if cur.rowcount != expected:
+            raise Collision(f"{plan.target}: {expected} {what}, the target has {cur.rowcount}")
+
+
+# ---------------------------------------------------------------- record by record
+
+def _text(value) -> str | None:
+    """A JSON image value as PostgreSQL text input (what COPY would have carried)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+@dataclass
+class ReplayStats:
+    operations: int = 0
+    collisions: int = 0
+
+
+class Replayer:
+    """Applies trail records one statement each, as GoldenGate's Replicat does in its
+    normal (non-batch) mode. Used for a group the fast path could not apply."""
+
+    def __init__(self, plans: dict[str, TablePlan | None], handlecollisions: bool):
+        self.plans, self.handlecollisions = plans, handlecollisions
+
+    def _where(self, plan: TablePlan, image: dict) -> tuple[sql.Composed, list]:
+        terms, params = [], []
+        for k in plan.key:
+            op = "IS NOT DISTINCT FROM" if plan.nullable(k) else "="
+            terms.append(sql.SQL("{} {} CAST(%s AS {})").format(sql.Identifier(k), sql.SQL(op), sql.SQL(plan.type_of(k))))
+            params.append(_text(image.get(k)))
+        condition = sql.SQL(" AND ").join(terms)
+        if plan.keyless:  # identical rows may repeat: touch exactly one
+            condition = sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(plan.ident, condition)
+        return condition, params
+
+    def _assignments(self, plan: TablePlan, image: dict) -> tuple[list[sql.Composed], list]:
+        unknown = [c for c in image if c not in plan.columns]
+        if unknown:
+            raise TrailboundError(f"column(s) {unknown} are not in the definition of {plan.source}")
+        columns = [c for c in plan.columns if c in image]
+        return ([sql.SQL("{} = CAST(%s AS {})").format(sql.Identifier(c), sql.SQL(plan.type_of(c))) for c in columns],
+                [_text(image[c]) for c in columns])
+
+    def _insert(self, cur, plan: TablePlan, after: dict) -> None:
+        columns = [c for c in plan.columns if c in after]
+        if len(columns) != len(after):
+            raise TrailboundError(f"column(s) {[c for c in after if c not in plan.columns]} are not in the "
+                                  f"definition of {plan.source}")
+        cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            plan.ident, sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(plan.type_of(c))) for c in columns)),
+            [_text(after[c]) for c in columns])
+
+    def apply(self, cur, record: dict, stats: ReplayStats) -> None:
+        """Apply one trail record (a dict as trail.iter_records gives it). Raises
+        TrailboundError or a psycopg2 error; the caller names the record."""
+        plan = self.plans.get(record["table"])
+        if plan is None:
+            return
+        op = record["op"]
+        if op == "TRUNCATE":
+            cur.execute(sql.SQL("TRUNCATE {}").format(plan.ident))
+            return
+        before = json.loads(record["before"]) if record["before"] else {}
+        after = json.loads(record["after"]) if record["after"] else {}
+        stats.operations += 1
+        if op == "INSERT":
+            if not self.handlecollisions:
+                self._insert(cur, plan, after)
+                return
+            cur.execute("SAVEPOINT tb_record")
+            try:
+                self._insert(cur, plan, after)
+            except psycopg2.errors.UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT tb_record")
+                sets, params = self._assignments(plan, after)
+                where, keys = self._where(plan, after)
+                cur.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), where),
+                            params + keys)
+                stats.collisions += 1
+                log.warning("HANDLECOLLISIONS: %s key %s exists: insert applied as an update", plan.target,
+                            _key_of(plan, after))
+            cur.execute("RELEASE SAVEPOINT tb_record")
+            return
+        where, keys = self._where(plan, before)
+        if op == "UPDATE":
+            sets, params = self._assignments(plan, after)
+            if not sets:
+                return
+            cur.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), where),
+                        params + keys)
+        elif op == "DELETE":
+            cur.execute(sql.SQL("DELETE FROM {} WHERE {}").format(plan.ident, where), keys)
+        else:
+            raise TrailboundError(f"unknown operation {op!r}")
+        if cur.rowcount == 0:
+            if not self.handlecollisions:
+                raise TrailboundError(f"no row with this key in {plan.target} to {op.lower()} (the target is out of "
+                                      "step with the source: HANDLECOLLISIONS skips such records)")
+            stats.collisions += 1
+            log.warning("HANDLECOLLISIONS: %s key %s is missing: %s skipped", plan.target, _key_of(plan, before),
+                        op.lower())
+
+
+def _key_of(plan: TablePlan | None, image: dict) -> dict:
+    if plan is None:
+        return image
+    return {k: image.get(k) for k in plan.key}
+
+
+def record_key(plan: TablePlan | None, record: dict) -> dict | None:
+    """The key a trail record names (for error messages)."""
+    text = record.get("before") or record.get("after")
+    if not text:
+        return None
+    return _key_of(plan, json.loads(text))

@@ -1,0 +1,124 @@
+"""INFO REPLICAT [SHOWCH [N]]: a group's status, and its two checkpoints side by side:
+the checkpoint table's row in the target and the file checkpoint in the metadata store."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from trailbound import trailfs
+from trailbound.config import Config
+from trailbound.errors import TrailboundError
+from trailbound.metadata import MetadataStore
+from trailbound.replicat import checkpoint_table as ckt
+from trailbound.replicat import checkpoints as ckpt
+from trailbound.replicat import target as tgt
+from trailbound.replicat.run import lock_key
+
+
+def _time(value) -> str:
+    if value is None:
+        return "Not Available"
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _lag(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _running(store: MetadataStore, group: str) -> bool:
+    with store.transaction() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (lock_key(group),))
+        got = cur.fetchone()["got"]
+        if got:
+            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key(group),))
+    return not got
+
+
+def _checkpoint_row(config: Config, table: str, group: str, target_dsn: str | None):
+    """(row or None, a note when it cannot be read)."""
+    try:
+        connection = tgt.connect(config, target_dsn)
+    except TrailboundError as exc:
+        return None, f"target not reachable: {exc}"
+    try:
+        with connection.cursor() as cur:
+            name = ckt.CheckpointTableName.parse(table)
+            if not ckt.exists(cur, name):
+                return None, f"checkpoint table {name} does not exist in the target"
+            row = ckt.read(cur, name, group)
+            return row, None if row else f"no row for {group} in {name} yet"
+    finally:
+        connection.close()
+
+
+def describe_replicat(store: MetadataStore, config: Config, group: str, *, showch: int | None = None,
+                      target_dsn: str | None = None) -> str:
+    name = config.replicat_name(group)
+    with store.transaction() as cur:
+        state = ckpt.load(cur, name)
+        runs = ckpt.history(cur, name, showch) if showch else []
+    if state is None:
+        raise TrailboundError(f"replicat {name} is not added (its first run or `alter replicat` adds it)")
+    row, note = _checkpoint_row(config, state.checkpoint_table, name, target_dsn)
+    status = "RUNNING" if _running(store, name) else "STOPPED"
+    started = f"{state.last_started:%Y-%m-%d %H:%M}" if state.last_started else "never"
+    current = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts) if row else state.checkpoint
+    lines = [f"REPLICAT   {name:<9} Last Started {started}   Status {status}"]
+    if current.audit_ts is not None:
+        updated = row.last_update_ts if row else state.updated_at
+        lines.append(f"Checkpoint Lag       {_lag((updated - current.audit_ts).total_seconds())} "
+                     f"(updated {_lag((datetime.now(timezone.utc) - updated).total_seconds())} ago)")
+    seqno = current.position.seqno
+    where = trailfs.file_location(state.exttrail, seqno) if seqno else f"{state.exttrail} (not started)"
+    lines.append(f"Log Read Checkpoint  File {where}")
+    lines.append(f"                     {_time(current.audit_ts)[:26]}  RBA {current.position.rba}")
+    lines.append(f"Last applied CSN     {current.log_csn or 'none'}"
+                 + (f"  (checkpoint table {state.checkpoint_table})" if row else f"  ({note})"))
+    if showch is None:
+        return "\n".join(lines)
+
+    f = state.checkpoint
+    lines += ["", "Current Checkpoint Detail:", "", "Read Checkpoint #1", "", "    GGS Log Trail"]
+    if state.startup is not None:
+        lines += ["    Startup Checkpoint (starting position in the trail):",
+                  f"        Sequence #: {state.startup.seqno}", f"        RBA: {state.startup.rba}",
+                  f"        Timestamp: {_time(state.last_started)}", f"        Extract Trail: {state.exttrail}"]
+    lines += ["    Current Checkpoint (position of last record read in the trail):",
+              f"        Sequence #: {current.position.seqno}", f"        RBA: {current.position.rba}",
+              f"        Timestamp: {_time(current.audit_ts)}", f"        Extract Trail: {state.exttrail}", ""]
+
+    def value(x) -> str:
+        return "-" if x is None or x == [] else str(x)
+
+    width = 22
+    lines.append(f"    {'':<{width}} {'checkpoint table (target)':<34} file checkpoint (metadata store)")
+    fields = [("Sequence #", row.seqno if row else None, f.position.seqno),
+              ("RBA", row.rba if row else None, f.position.rba),
+              ("Log CSN", row.log_csn if row else None, f.log_csn),
+              ("Log complete CSN", row.log_cmplt_csn if row else None, f.log_csn),
+              ("Log complete xids", ", ".join(repr(x) for x in row.log_cmplt_xids) if row else None, None),
+              ("Log BSN", row.log_bsn if row else None, f.log_bsn),
+              ("Audit TS", _time(row.audit_ts) if row and row.audit_ts else None,
+               _time(f.audit_ts) if f.audit_ts else None),
+              ("Last update", _time(row.last_update_ts) if row else None, _time(state.updated_at))]
+    for label, left, right in fields:
+        lines.append(f"    {label:<{width}} {value(left):<34} {value(right)}")
+    if row is None:
+        lines.append(f"    ({note}; the next run starts from the file checkpoint)")
+    elif (row.position, row.log_csn) != (f.position, f.log_csn):
+        lines.append("    The two differ: the next run starts from the checkpoint table's row (it commits with the "
+                     "data) and repairs the file checkpoint.")
+    else:
+        lines.append("    The two agree.")
+    if row is not None:
+        lines += ["", f"    Checkpoint table {state.checkpoint_table}: group_key {row.group_key}, version {row.version}, "
+                      f"created {_time(row.create_ts)[:19]}, current_dir {row.current_dir}"]
+    for run in runs:
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {_time(run['ended_at'])[:19]}, from the "
+                      f"{run['started_from']} at seqno {run['start_seqno']} rba {run['start_rba']} to seqno "
+                      f"{run['end_seqno']} rba {run['end_rba']}, log_csn {run['log_csn'] or 'none'}",
+                  f"    {run['transactions']} transactions ({run['operations']} operations) in {run['groups']} target "
+                  f"transactions, {run['skipped']} skipped, {run['replayed_groups']} group(s) replayed, "
+                  f"{run['collisions']} collision(s)"]
+    return "\n".join(lines)

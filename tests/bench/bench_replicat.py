@@ -1,0 +1,334 @@
+"""Replicat benchmark: apply rate for insert-heavy and update-heavy work, beside a plain
+COPY of the same number of rows into the same tables, in one run.
+
+    make bench                                   # all benchmarks
+    .venv/bin/python tests/bench/bench_replicat.py [--rows N] [--grouptransops G ...]
+
+Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench provides its throwaway
+server); uses databases `trailbound_bench_replicat_meta` and `..._target` on those servers,
+dropped and created afresh. The trails are generated directly (a capture run would
+dominate the time): OLTP-shaped transactions of 1 to 9 row changes on the simulated
+source's shop.orders, shop.order_lines and shop.customers (numeric, timestamptz, arrays,
+jsonb, text with awkward characters), written with trail.TrailWriter and committed in
+trailbound.trail_file as capture would. Results go to docs/benchmarks/replicat.md.
+
+- insert-heavy: every change an INSERT.
+- update-heavy: the tables are first loaded (untimed) with the rows the updates touch;
+  then 80% UPDATE (after images carrying the key and one or two changed columns, many
+  keys updated several times), 10% INSERT, 10% DELETE.
+- plain COPY: the same number of rows COPY'd (text format, from the driver) into empty
+  copies of the same tables, with their primary keys, in one transaction per table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extensions
+import pyarrow as pa
+from psycopg2 import sql
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "benchmarks" / "replicat.md"
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+TABLES = ("shop.customers", "shop.orders", "shop.order_lines")
+TEXTS = ["O'Brien's \"quoted\" note", "tab\there", "back\\slash", "Zoë Ångström", "北京市朝阳区", "", None,
+         "emoji 🚀", "plain"]
+
+
+def fresh_database(server_dsn: str, name: str) -> str:
+    admin = psycopg2.connect(psycopg2.extensions.make_dsn(server_dsn, dbname="postgres"))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    admin.close()
+    return psycopg2.extensions.make_dsn(server_dsn, dbname=name)
+
+
+class Rows:
+    """Rows of the three tables, in the contract's value encoding."""
+
+    def __init__(self, seed: int):
+        self.random = random.Random(seed)
+        self.next_id = {t: 1 for t in TABLES}
+
+    def ts(self, n: int) -> str:
+        moment = T0 + timedelta(microseconds=n * 1237)
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f") + "+00"
+
+    def new(self, table: str) -> dict:
+        r, n = self.random, self.next_id[table]
+        self.next_id[table] += 1
+        if table == "shop.customers":
+            return {"id": n, "name": f"Name {n}", "email": f"user{n}@example.com", "country": r.choice(["DE", "JP", ""]),
+                    "created_at": self.ts(n), "vip": r.random() < 0.1, "notes": r.choice(TEXTS)}
+        if table == "shop.orders":
+            return {"id": n, "customer_id": r.randrange(1, 10_000), "status": "new",
+                    "total": f"{r.randrange(100, 10**7) / 100:.2f}", "ordered_at": self.ts(n),
+                    "ship_date": None, "items": r.choice(["{1,2}", "{}", "{7,NULL}"]),
+                    "meta": r.choice(['{"channel": "web"}', None, '{"n": 1.5, "tags": ["a"]}'])}
+        return {"order_id": n, "line_no": 1, "sku": f"SKU-{r.randrange(5000):05d}", "qty": r.randrange(1, 9),
+                "price": f"{r.randrange(100, 10**6) / 100:.2f}", "discount": r.choice([None, 0.05, 0.125])}
+
+    def key(self, table: str, row: dict) -> dict:
+        return {"order_id": row["order_id"], "line_no": row["line_no"]} if table == "shop.order_lines" \
+            else {"id": row["id"]}
+
+    def change(self, table: str, key: dict) -> dict:
+        r = self.random
+        if table == "shop.customers":
+            return key | {"notes": r.choice(TEXTS)} | ({"vip": True} if r.random() < 0.3 else {})
+        if table == "shop.orders":
+            return key | {"status": r.choice(["paid", "packed", "shipped"])} | \
+                ({"ship_date": "2026-11-03"} if r.random() < 0.5 else {})
+        return key | {"qty": r.randrange(1, 9)}
+
+
+def generate(kind: str, rows: int, seed: int = 7) -> tuple[list[list[tuple]], dict[str, list[dict]]]:
+    """Transactions of (op, table, before, after) and, for update-heavy work, the rows the
+    target must hold first."""
+    gen = Rows(seed)
+    preload: dict[str, list[dict]] = {t: [] for t in TABLES}
+    live: dict[str, list[dict]] = {t: [] for t in TABLES}
+    if kind == "update":
+        for table in TABLES:
+            for _ in range(rows // 6):
+                row = gen.new(table)
+                preload[table].append(row)
+                live[table].append(gen.key(table, row))
+    transactions, made = [], 0
+    while made < rows:
+        txn = []
+        for _ in range(min(gen.random.randrange(1, 10), rows - made)):
+            table = gen.random.choice(TABLES)
+            roll = gen.random.random()
+            if kind == "insert" or roll < 0.1 or not live[table]:
+                row = gen.new(table)
+                live[table].append(gen.key(table, row))
+                txn.append(("INSERT", table, None, row))
+            elif roll < 0.2 and len(live[table]) > 1:
+                key = live[table].pop(gen.random.randrange(len(live[table])))
+                txn.append(("DELETE", table, key, None))
+            else:  # recently touched keys are likelier: some keys change several times per group
+                pool = live[table]
+                key = pool[-1 - min(len(pool) - 1, int(gen.random.expovariate(1 / 2000)))]
+                txn.append(("UPDATE", table, key, gen.change(table, key)))
+        transactions.append(txn)
+        made += len(txn)
+    return transactions, preload
+
+
+def write_trail(transactions, prefix: Path, trail_module) -> list:
+    encode = lambda image: None if image is None else json.dumps(image, ensure_ascii=False,  # noqa: E731
+                                                                  separators=(",", ":"))
+    writer = trail_module.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=1)
+    columns = {name: [] for name in trail_module.COLUMNS}
+    for number, txn in enumerate(transactions, start=1):
+        for index, (op, table, before, after) in enumerate(txn):
+            ind = 3 if len(txn) == 1 else 0 if index == 0 else 2 if index == len(txn) - 1 else 1
+            values = {"rba": 0, "trans_ind": ind, "csn": number * 10, "csn_thread": 1, "csn_sequence": 1,
+                      "csn_rba": number, "xid": f"X{number}", "commit_ts": T0 + timedelta(milliseconds=number),
+                      "op": op, "table": table, "before": encode(before), "after": encode(after),
+                      "src_thread": 1, "src_sequence": 1, "src_rba": number, "src_scn": number * 10 - 1,
+                      "log_bsn": 1}
+            for name, value in values.items():
+                columns[name].append(value)
+        if len(columns["rba"]) >= 200_000:
+            writer.add(pa.RecordBatch.from_pydict(columns, schema=trail_module.SCHEMA))
+            columns = {name: [] for name in trail_module.COLUMNS}
+    if columns["rba"]:
+        writer.add(pa.RecordBatch.from_pydict(columns, schema=trail_module.SCHEMA))
+    return writer.close()
+
+
+def copy_text(rows: list[dict], columns: list[str]) -> bytes:
+    from trailbound.replicat.apply import _text
+    from trailbound.replicat.netchange import copy_escape
+
+    return "".join("\t".join(copy_escape(_text(row[c])) for c in columns) + "\n" for row in rows).encode()
+
+
+def plain_copy(target_dsn: str, defs, transactions, schema: str) -> tuple[float, int]:
+    """COPY as many rows as the work has row changes into empty copies of its tables."""
+    from trailbound.replicat import target as tgt
+
+    rules = [configuration_rule(schema)]
+    per_table: dict[str, list[dict]] = {t: [] for t in TABLES}
+    gen = Rows(99)
+    for txn in transactions:
+        for op, table, before, after in txn:
+            per_table[table].append(gen.new(table))
+    payloads = {t: copy_text(rows, [c.name for c in defs[t].columns]) for t, rows in per_table.items()}
+    connection = psycopg2.connect(target_dsn)
+    with connection.cursor() as cur:
+        tgt.create_tables(cur, {t: defs[t] for t in TABLES}, rules)
+    connection.commit()
+    started = time.perf_counter()
+    with connection.cursor() as cur:
+        for table, payload in payloads.items():
+            name = table.split(".", 1)[1]
+            cur.copy_expert(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(schema, name)).as_string(cur),
+                            io.BytesIO(payload), size=1 << 20)
+            connection.commit()
+    seconds = time.perf_counter() - started
+    connection.close()
+    return seconds, sum(len(r) for r in per_table.values())
+
+
+def configuration_rule(schema: str):
+    from trailbound.config import MapRule
+
+    return MapRule(source="shop.*", target=f"{schema}.*")
+
+
+def preload_target(target_dsn: str, defs, preload: dict[str, list[dict]]) -> None:
+    connection = psycopg2.connect(target_dsn)
+    with connection.cursor() as cur:
+        for table, rows in preload.items():
+            if rows:
+                cur.copy_expert(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(*table.split(".", 1)))
+                                .as_string(cur), io.BytesIO(copy_text(rows, [c.name for c in defs[table].columns])))
+        cur.execute("ANALYZE")
+    connection.commit()
+    connection.close()
+
+
+def warm_up(spark, work: Path, defs) -> None:
+    """One small net change through Spark first: the JVM compiles its code on first use,
+    which would otherwise land on whichever contender runs first."""
+    from trailbound.replicat.netchange import Shape, copy_lines, net_changes
+
+    transactions, _ = generate("update", 20_000, seed=1)
+    rows = [(n, s, table, op, json.dumps(before) if before else None, json.dumps(after) if after else None)
+            for n, txn in enumerate(transactions) for s, (op, table, before, after) in enumerate(txn)]
+    frame = spark.createDataFrame(rows, "unit long, seq long, table string, op string, before string, after string")
+    shapes = {t: Shape.of([c.name for c in defs[t].columns], defs[t].key) for t in TABLES}
+    for _ in range(2):
+        copy_lines(net_changes(frame, shapes), shapes).write.mode("overwrite").format("noop").save()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="row changes per workload")
+    parser.add_argument("--grouptransops", type=int, nargs="+", default=[1000, 50_000])
+    args = parser.parse_args()
+
+    from trailbound import config as configuration
+    from trailbound import spark as spark_session
+    from trailbound import trail
+    from trailbound.archive.segments import load_defs
+    from trailbound.archive.writer import write_defs
+    from trailbound.metadata import MetadataStore, dsn_from_env
+    from trailbound.replicat import target as tgt
+    from trailbound.replicat.run import run_replicat
+    from trailbound.simulator import source_tables
+
+    work = REPO / "var" / "bench" / f"replicat-{args.rows}"
+    shutil.rmtree(work, ignore_errors=True)
+    write_defs(work / "archive", [t.definition() for t in source_tables()])
+    defs = load_defs(work / "archive")
+    spark = spark_session.session("trailbound-bench", master="local[*]")
+    metadata_server = dsn_from_env("TRAILBOUND_METADATA_DSN")
+    target_server = dsn_from_env("TRAILBOUND_TARGET_DSN")
+    results, timings = [], {}
+    warm_up(spark, work, defs)
+    for kind in ("insert", "update"):
+        transactions, preload = generate(kind, args.rows)
+        prefix = work / kind / "dirdat" / "lt"
+        files = write_trail(transactions, prefix, trail)
+        copy_seconds, copied = plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
+                                          transactions, "shop")
+        for groupops in args.grouptransops:
+            meta_dsn = fresh_database(metadata_server, "trailbound_bench_replicat_meta")
+            target_dsn = fresh_database(target_server, "trailbound_bench_replicat_target")
+            config_path = work / kind / "trailbound.yaml"
+            config_path.write_text(f"home: {work / kind}\nsources:\n  BENCH:\n    altarchivelogdest: {work / 'archive'}\n"
+                                   f"replicats:\n  REP1:\n    exttrail: dirdat/lt\n    source: BENCH\n"
+                                   f"    grouptransops: {groupops}\n    map:\n" +
+                                   "".join(f"      - {{source: {t}, target: {t}}}\n" for t in TABLES))
+            config = configuration.load(config_path)
+            with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+                tgt.create_tables(cur, {t: defs[t] for t in TABLES}, [configuration_rule("shop")])
+            preload_target(target_dsn, defs, preload)
+            store = MetadataStore.open(meta_dsn)
+            with store.transaction() as cur:
+                for f in files:
+                    cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256,"
+                                " first_csn, last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+                                " %s, 'BENCH')", (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256,
+                                                  str(f.first_csn), str(f.last_csn), f.log_bsn))
+            started = time.perf_counter()
+            result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+            seconds = time.perf_counter() - started
+            store.close()
+            assert result.operations == args.rows, result.describe()
+            results.append((kind, groupops, len(transactions), result, seconds, copy_seconds, copied))
+            timings[(kind, groupops)] = result.timings
+            print(f"{kind}-heavy, grouptransops {groupops}: {args.rows / seconds:,.0f} changes/s ({seconds:.1f} s); "
+                  f"plain COPY {copied / copy_seconds:,.0f} rows/s ({copy_seconds:.1f} s)\n  {result.describe()}\n  "
+                  f"{ {k: round(v, 1) for k, v in result.timings.items()} }", flush=True)
+        shutil.rmtree(work / kind / "dirdat", ignore_errors=True)
+    spark.stop()
+
+    command = f".venv/bin/python tests/bench/bench_replicat.py --rows {args.rows} --grouptransops " + \
+        " ".join(str(g) for g in args.grouptransops)
+    lines = []
+    for kind, groupops, txns, result, seconds, copy_seconds, copied in results:
+        rate, copy_rate = args.rows / seconds, copied / copy_seconds
+        lines.append(f"| {kind}-heavy | {groupops:,} | {txns:,} | {result.groups:,} | {seconds:.1f} s | **{rate:,.0f}** | "
+                     f"{copy_rate:,.0f} | **{rate / copy_rate:.0%}** |")
+    phases = sorted({p for t in timings.values() for p in t})
+    header = " | ".join(f"{k}-heavy, {g:,}" for k, g in timings)
+    breakdown = "\n".join(f"| {p} | " + " | ".join(f"{timings[key].get(p, 0):.1f} s" for key in timings) + " |"
+                          for p in phases)
+    insert_best = max(r[4] and args.rows / r[4] / (r[6] / r[5]) for r in results if r[0] == "insert")
+    report = f"""# Replicat benchmark
+
+Apply rate of one replicat run (`run_replicat`: trail read and verified, net change on
+Spark local[*], COPY and merge into PostgreSQL, checkpoint table row and file checkpoint
+per group) over generated trails of {args.rows:,} row changes, beside a plain COPY of the
+same number of rows into the same tables. Transactions hold 1 to 9 changes over
+shop.customers, shop.orders and shop.order_lines (numeric, timestamptz, arrays, jsonb,
+awkward text); update-heavy work is 80% UPDATE (partial after images; recently touched
+keys are likelier, so keys repeat within a group), 10% INSERT, 10% DELETE, on tables
+preloaded with the rows it touches.
+
+Command, from the repository root (`make bench` runs it with the throwaway PostgreSQL):
+
+    {command}
+
+| work | grouptransops | source transactions | target transactions | replicat | changes/s | plain COPY rows/s | share of COPY |
+|---|---|---|---|---|---|---|---|
+{chr(10).join(lines)}
+
+Goal: at least 40% of the COPY rate for insert-heavy work: {"met" if insert_best >= 0.4 else "not met"} (best {insert_best:.0%}).
+Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, {platform.platform()},
+Python {platform.python_version()}; PostgreSQL (fsync off) and Spark on the same machine.
+
+Where the time goes (seconds; "prepare" runs in a background thread one chunk ahead of
+"apply", so the phases overlap and add up to more than the wall time):
+
+| phase | {header} |
+|---|{"---|" * len(timings)}
+{breakdown}
+"""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,487 @@
+"""Replicat: net change on Spark, apply to a real PostgreSQL target exactly once through the
+checkpoint table; crashes, a restored target and lost trails all converge to the source's
+truth; errors name the trail record; HANDLECOLLISIONS; alter and info."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extensions
+import pyarrow as pa
+import pytest
+from psycopg2 import sql
+
+from capture_kit import at, ins, new_archive, rec
+from replicat_kit import checkpoint_row, differences, write_config
+from trailbound import cli, trail
+from trailbound import config as configuration
+from trailbound.archive.segments import load_defs
+from trailbound.capture.run import run_extract
+from trailbound.crash import CRASH_ENV
+from trailbound.errors import TrailboundError
+from trailbound.metadata import MetadataStore
+from trailbound.positions import Csn, TrailPosition
+from trailbound.replicat import checkpoints as ckpt
+from trailbound.replicat import target as tgt
+from trailbound.replicat.apply import ApplyError
+from trailbound.replicat.netchange import Shape, copy_lines, format_line, net_changes, net_rows
+from trailbound.replicat.run import TrailFile, plan_chunk, run_replicat
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+
+# ---------------------------------------------------------------- groups and units (no Spark)
+
+def _trail_table(transactions: list[list[tuple[str, str]]]) -> pa.Table:
+    """A trail file's records: transactions of (op, table), one CSN each, in order."""
+    rows = []
+    for number, ops in enumerate(transactions, start=1):
+        for index, (op, table) in enumerate(ops):
+            ind = trail.WHOLE if len(ops) == 1 else trail.BEGIN if index == 0 else \
+                trail.END if index == len(ops) - 1 else trail.MIDDLE
+            rows.append({"rba": len(rows), "trans_ind": ind, "csn": 10 * number, "csn_thread": 1, "csn_sequence": 1,
+                         "csn_rba": number, "xid": f"T{number}", "commit_ts": at(number), "op": op, "table": table,
+                         "before": None, "after": "{}", "src_thread": 1, "src_sequence": 1, "src_rba": len(rows),
+                         "src_scn": 10 * number - 1, "log_bsn": 5})
+    return pa.Table.from_pylist(rows, schema=trail.SCHEMA)
+
+
+def test_groups_hold_whole_transactions_and_a_truncate_starts_a_new_one():
+    ins_, trunc = ("INSERT", "shop.orders"), ("TRUNCATE", "shop.cart_sessions")
+    records = _trail_table([[ins_] * 3, [ins_] * 3, [ins_], [ins_, trunc, ins_], [ins_] * 2, [ins_]])
+    chunk = plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], 0, Csn(10, 1, 1, 1),
+                       grouptransops=4)
+    # T1 is at or below log_csn: skipped. T2 (3 ops) + T3 reach 4 ops; T4 truncates, so it
+    # starts a group (which T5 joins: 5 ops); T6 is the last.
+    assert chunk.skipped == 1
+    assert [g.txns for g in chunk.groups] == [[1, 2], [3, 4], [5]]
+    assert [g.log_xid for g in chunk.groups] == ["T3", "T5", "T6"]
+    assert [g.end for g in chunk.groups] == [TrailPosition(7, 7), TrailPosition(7, 12), TrailPosition(7, 13)]
+    assert chunk.groups[0].log_csn == Csn(30, 1, 1, 3) and chunk.groups[0].cmplt_xids == ["T3"]
+    # The truncating group: the insert before the TRUNCATE, the TRUNCATE, then the rest.
+    units = chunk.groups[1].units
+    assert [table for _, table in units] == [None, "shop.cart_sessions", None]
+    assert len({unit for unit, _ in units}) == 3
+    assert chunk.groups[1].operations == 5 and chunk.end == TrailPosition(7, 13)
+    with pytest.raises(trail.TrailError, match="not the start of a transaction"):
+        plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], 1, None, grouptransops=4)
+
+
+# ---------------------------------------------------------------- net change (Spark)
+
+def _net(spark, records, shapes):
+    frame = spark.createDataFrame(records, "unit long, seq long, table string, op string, before string, "
+                                           "after string")
+    return sorted((r["unit"], r["table"], r["kind"], tuple(r["okey"] or ()), tuple(sorted((r["vals"] or {}).items())))
+                  for r in net_rows(frame, shapes))
+
+
+def J(image):  # noqa: N802
+    return json.dumps(image) if image is not None else None
+
+
+def test_net_change_per_key(spark):
+    shapes = {"s.t": Shape.of(["id", "a", "b"], ["id"]), "s.k": Shape.of(["x", "y"], [])}
+    records = [
+        (1, 1, "s.t", "INSERT", None, J({"id": 1, "a": "x", "b": None})),       # inserted, updated, deleted:
+        (1, 2, "s.t", "UPDATE", J({"id": 1}), J({"id": 1, "a": "y"})),          # nothing left
+        (1, 3, "s.t", "DELETE", J({"id": 1}), None),
+        (1, 4, "s.t", "UPDATE", J({"id": 5}), J({"id": 5, "b": None})),         # in place; b present (NULL)
+        (1, 5, "s.t", "UPDATE", J({"id": 5}), J({"id": 5, "a": ""})),           # and a (empty string)
+        (1, 6, "s.t", "UPDATE", J({"id": 6}), J({"id": 7, "a": "moved"})),      # key update 6 -> 7 -> 8
+        (1, 7, "s.t", "UPDATE", J({"id": 7}), J({"id": 8})),
+        (1, 8, "s.t", "INSERT", None, J({"id": 6, "a": "new", "b": "6"})),      # a new row takes key 6
+        (1, 9, "s.t", "DELETE", J({"id": 9}), None),
+        (1, 10, "s.t", "INSERT", None, J({"id": 20, "a": "i", "b": "j"})),      # inserted, then its key updated
+        (1, 11, "s.t", "UPDATE", J({"id": 20}), J({"id": 21, "b": "k"})),
+        (1, 12, "s.t", "DELETE", J({"id": 30}), None),                         # deleted, inserted again
+        (1, 13, "s.t", "INSERT", None, J({"id": 30, "a": "again", "b": None})),
+        (2, 14, "s.t", "INSERT", None, J({"id": 1, "a": "unit 2", "b": None})),  # another unit: its own net change
+        (2, 15, "s.k", "UPDATE", J({"x": "1", "y": None}), J({"x": "1", "y": "2"})),  # keyless: by all columns
+        (2, 16, "s.k", "DELETE", J({"x": "3", "y": None}), None),
+    ]
+    assert _net(spark, records, shapes) == sorted([
+        (1, "s.t", "U", ("5",), (("a", ""), ("b", None), ("id", "5"))),
+        (1, "s.t", "M", ("6",), (("a", "moved"), ("id", "8"))),
+        (1, "s.t", "I", (), (("a", "new"), ("b", "6"), ("id", "6"))),
+        (1, "s.t", "D", ("9",), ()),
+        (1, "s.t", "I", (), (("a", "i"), ("b", "k"), ("id", "21"))),
+        (1, "s.t", "D", ("30",), ()),
+        (1, "s.t", "I", (), (("a", "again"), ("b", None), ("id", "30"))),
+        (2, "s.t", "I", (), (("a", "unit 2"), ("b", None), ("id", "1"))),
+        (2, "s.k", "M", ("1", None), (("x", "1"), ("y", "2"))),
+        (2, "s.k", "D", ("3", None), ()),
+    ])
+
+
+def test_copy_lines_escape_values_and_carry_the_mask(spark):
+    shapes = {"s.t": Shape.of(["id", "a", "b"], ["id"])}
+    awkward = "tab\there\nnew\\line\r \\N"
+    records = [(1, 1, "s.t", "INSERT", None, J({"id": 1, "a": awkward, "b": ""})),
+               (1, 2, "s.t", "INSERT", None, J({"id": 2, "a": None, "b": "Zoë 🚀"})),
+               (1, 3, "s.t", "UPDATE", J({"id": 3}), J({"id": 3, "b": None})),
+               (1, 4, "s.t", "DELETE", J({"id": 4}), None)]
+    frame = spark.createDataFrame(records, "unit long, seq long, table string, op string, before string, after string")
+    lines = {(r.kind, r.line) for r in copy_lines(net_changes(frame, shapes), shapes).collect()}
+    assert lines == {("I", "1\ttab\\there\\nnew\\\\line\\r \\\\N\t\n"),
+                     ("I", "2\t\\N\tZoë 🚀\n"),
+                     ("U", "U\t101\t3\t3\t\\N\t\\N\n"),
+                     ("D", "D\t000\t4\t\\N\t\\N\t\\N\n")}
+    # Rows resolved on the driver (key updates) are formatted the same way.
+    assert format_line({"kind": "I", "okey": None, "vals": {"id": "1", "a": awkward, "b": ""}},
+                       shapes["s.t"]) == "1\ttab\\there\\nnew\\\\line\\r \\\\N\t\n"
+    assert format_line({"kind": "U", "okey": ["3"], "vals": {"id": "3", "b": None}},
+                       shapes["s.t"]) == "U\t101\t3\t3\t\\N\t\\N\n"
+
+
+# ---------------------------------------------------------------- a captured simulated source
+
+@dataclass
+class Captured:
+    directory: Path
+    metadata_dsn: str          # the template each test clones
+    truth: dict
+    first_run_last_seqno: int  # the committed end of the trail after the first capture run
+    last_seqno: int
+
+
+def _admin(server_dsn: str):
+    connection = psycopg2.connect(psycopg2.extensions.make_dsn(server_dsn, dbname="postgres"))
+    connection.autocommit = True
+    return connection
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory, spark, pg_server_dsn, new_metadata_database):
+    """A simulated busy source (every awkward type and identifier, savepoints, TRUNCATE,
+    key updates, a keyless table) captured in two runs into small trail files."""
+    from trailbound.simulator import simulate
+
+    directory = tmp_path_factory.mktemp("replicat")
+    summary = simulate(directory / "archive", directory / "truth.json", records=6000, hours=12, seed=5)
+    config = configuration.load(write_config(directory, megabytes=0.1))
+    dsn = new_metadata_database()
+    with MetadataStore.open(dsn) as store:
+        run_extract(spark, store, config, "EXT1", until=summary.first_time + timedelta(hours=6))
+        first = _committed_seqnos(store)[-1]
+        run_extract(spark, store, config, "EXT1")
+        last = _committed_seqnos(store)[-1]
+    assert last > first + 2
+    return Captured(directory, dsn, json.loads((directory / "truth.json").read_text()), first, last)
+
+
+def _committed_seqnos(store) -> list[int]:
+    with store.transaction() as cur:
+        cur.execute("SELECT seqno FROM trailbound.trail_file ORDER BY seqno")
+        return [row["seqno"] for row in cur.fetchall()]
+
+
+@pytest.fixture
+def metadata_copy(captured, pg_server_dsn):
+    """A copy of the captured metadata store for one test (the trail files are shared:
+    replicat never writes them)."""
+    name = f"tb_replicat_{os.getpid()}_{os.urandom(4).hex()}"
+    admin = _admin(pg_server_dsn)
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(psycopg2.extensions.parse_dsn(captured.metadata_dsn)["dbname"])))
+    yield psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name)
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    admin.close()
+
+
+def _hide_files_after(metadata_dsn: str, seqno: int) -> None:
+    """Move the trail's committed end back, as if capture had committed only so far."""
+    with psycopg2.connect(metadata_dsn) as connection, connection.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS public.hidden_trail_file (LIKE trailbound.trail_file)")
+        cur.execute("WITH moved AS (DELETE FROM trailbound.trail_file WHERE seqno > %s RETURNING *)"
+                    " INSERT INTO public.hidden_trail_file SELECT * FROM moved", (seqno,))
+
+
+def _unhide_files(metadata_dsn: str) -> None:
+    with psycopg2.connect(metadata_dsn) as connection, connection.cursor() as cur:
+        cur.execute("WITH moved AS (DELETE FROM public.hidden_trail_file RETURNING *)"
+                    " INSERT INTO trailbound.trail_file SELECT * FROM moved")
+
+
+def _trail_end(metadata_dsn: str) -> tuple[TrailPosition, Csn]:
+    with psycopg2.connect(metadata_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT seqno, records, last_csn FROM trailbound.trail_file ORDER BY seqno DESC LIMIT 1")
+        seqno, records, last_csn = cur.fetchone()
+    return TrailPosition(seqno, records), Csn.parse(last_csn)
+
+
+def _file_checkpoint(metadata_dsn: str) -> ckpt.Checkpoint:
+    with MetadataStore.open(metadata_dsn) as store, store.transaction() as cur:
+        return ckpt.load(cur, "REP1").checkpoint
+
+
+def _create_target(config, target_dsn: str) -> None:
+    connection = psycopg2.connect(target_dsn)
+    with connection, connection.cursor() as cur:
+        tgt.create_tables(cur, load_defs(config.archive_dir("SRC")), config.replicat("REP1").map)
+    connection.close()
+
+
+def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_dsn, tmp_path, capsys, monkeypatch):
+    config_path = write_config(tmp_path, home=captured.directory, grouptransops=100, megabytes=0.1)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_copy)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    run = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
+    assert run("target", "create") == 0
+    assert 'shop.Kunden "Prüfung"' in capsys.readouterr().out
+
+    _hide_files_after(metadata_copy, captured.first_run_last_seqno)
+    assert run("replicat", "run", "REP1") == 0
+    first = capsys.readouterr().out
+    assert "from file checkpoint at seqno 0 rba 0" in first
+    middle = checkpoint_row(target_dsn)
+    assert middle["seqno"] == captured.first_run_last_seqno
+    _unhide_files(metadata_copy)
+
+    assert run("replicat", "run", "REP1") == 0
+    assert f"from checkpoint table at seqno {captured.first_run_last_seqno} rba {middle['rba']}" in \
+        capsys.readouterr().out
+    assert differences(target_dsn, captured.truth) == {}
+
+    end, last_csn = _trail_end(metadata_copy)
+    row = checkpoint_row(target_dsn)
+    assert (row["seqno"], row["rba"], row["log_csn"], row["log_cmplt_csn"]) == (end.seqno, end.rba, str(last_csn),
+                                                                                str(last_csn))
+    assert json.loads(row["log_cmplt_xids"]) and row["log_xid"] in json.loads(row["log_cmplt_xids"])
+    assert int(row["log_bsn"]) > 0 and row["audit_ts"] is not None and row["group_key"] == 0
+    assert _file_checkpoint(metadata_copy) == ckpt.Checkpoint(end, last_csn, int(row["log_bsn"]), row["audit_ts"])
+    with psycopg2.connect(metadata_copy) as connection, connection.cursor() as cur:
+        cur.execute("SELECT seqno, rba FROM trailbound.trail_reader WHERE reader_kind = 'replicat'"
+                    " AND group_name = 'REP1'")
+        assert cur.fetchone() == (end.seqno, end.rba)
+    # The values a user relies on are really there (so the comparison above means something).
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT count(*) FILTER (WHERE email = ''), count(*) FILTER (WHERE email IS NULL)"
+                    " FROM shop.customers")
+        assert min(cur.fetchone()) > 0
+        cur.execute('SELECT count(*) FROM shop."Kunden ""Prüfung""" WHERE payload IS NOT NULL AND "select" IS NOT NULL')
+        assert cur.fetchone()[0] > 0
+
+    assert run("replicat", "run", "REP1") == 0
+    assert "nothing new in the trail" in capsys.readouterr().out
+    assert run("info", "replicat", "rep1", "--showch", "2") == 0
+    shown = capsys.readouterr().out
+    for expected in ("checkpoint table (target)", "file checkpoint (metadata store)", "The two agree",
+                     f"Log CSN                {str(last_csn):<34} {last_csn}", "Checkpoint history",
+                     "Startup Checkpoint", "Status STOPPED"):
+        assert expected in shown
+
+
+# ---------------------------------------------------------------- crashes
+
+@pytest.mark.parametrize("point", ["after_target_commit", "mid_copy", "between_groups"])
+def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark, point):
+    config_path = write_config(tmp_path, home=captured.directory, grouptransops=300, megabytes=0.1)
+    config = configuration.load(config_path)
+    _create_target(config, target_dsn)
+    env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": metadata_copy,
+           "TRAILBOUND_TARGET_DSN": target_dsn}
+    crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "replicat", "run",
+                              "REP1"], env=env, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr[-3000:]
+    row, file_checkpoint = checkpoint_row(target_dsn), _file_checkpoint(metadata_copy)
+    if point == "mid_copy":
+        assert row is None, "the first group died in its COPY: nothing of it is committed"
+        assert sum(differences(target_dsn, captured.truth).get(t, (0, 0))[0] for t in captured.truth["tables"]) == 0
+    elif point == "after_target_commit":
+        assert row["seqno"] >= 1 and file_checkpoint.position == TrailPosition(0, 0), \
+            "the target committed the group, the metadata store never heard of it"
+    else:
+        assert file_checkpoint.position == TrailPosition(row["seqno"], row["rba"]) != TrailPosition(0, 0)
+    with MetadataStore.open(metadata_copy) as store:
+        result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert result.started_from == ("file checkpoint" if row is None else "checkpoint table")
+    assert differences(target_dsn, captured.truth) == {}
+    end, last_csn = _trail_end(metadata_copy)
+    assert _file_checkpoint(metadata_copy).position == end
+    assert checkpoint_row(target_dsn)["log_csn"] == str(last_csn)
+
+
+def _pg_tool(name: str) -> str:
+    versioned = Path(f"/usr/lib/postgresql/15/bin/{name}")
+    return str(versioned) if versioned.exists() else name
+
+
+def test_a_target_restored_from_a_backup_converges(captured, metadata_copy, target_dsn, tmp_path, spark):
+    config = configuration.load(write_config(tmp_path, home=captured.directory, grouptransops=200, megabytes=0.1))
+    _create_target(config, target_dsn)
+    with MetadataStore.open(metadata_copy) as store:
+        _hide_files_after(metadata_copy, captured.first_run_last_seqno)
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+        backup = tmp_path / "target.dump"
+        subprocess.run([_pg_tool("pg_dump"), "--format=custom", f"--file={backup}", f"--dbname={target_dsn}"],
+                       check=True, capture_output=True)
+        dumped = checkpoint_row(target_dsn)
+        _unhide_files(metadata_copy)
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+        assert differences(target_dsn, captured.truth) == {}
+        subprocess.run([_pg_tool("pg_restore"), "--clean", "--if-exists", f"--dbname={target_dsn}", str(backup)],
+                       check=True, capture_output=True)
+        assert checkpoint_row(target_dsn)["log_csn"] == dumped["log_csn"]
+        assert differences(target_dsn, captured.truth) != {}, "the restored target is behind the source again"
+        result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.started_from, result.start) == ("checkpoint table", TrailPosition(dumped["seqno"], dumped["rba"]))
+    assert result.transactions > 0 and result.skipped == 0
+    assert differences(target_dsn, captured.truth) == {}
+
+
+# ---------------------------------------------------------------- hand-written trails
+
+def _orders(target_dsn: str, table=sql.Identifier("shop", "orders")) -> dict[int, str]:
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT id, note FROM {} ORDER BY id").format(table))
+        return dict(cur.fetchall())
+
+
+def _trail_records(store, upto: int | None = None) -> list[dict]:
+    with store.transaction() as cur:
+        cur.execute("SELECT seqno, path FROM trailbound.trail_file WHERE seqno <= %s ORDER BY seqno", (upto or 1 << 62,))
+        files = cur.fetchall()
+    return [r | {"seqno": f["seqno"], "path": f["path"]} for f in files for r in trail.iter_records(Path(f["path"]))]
+
+
+def test_a_refused_record_is_named_and_the_checkpoint_stays_then_handlecollisions(tmp_path, spark, store, target_dsn):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "T1", 1), rec(11, "T1", "COMMIT"),
+                        ins(20, "T2", 2), ins(21, "T2", 3), rec(22, "T2", "COMMIT"),
+                        ins(30, "T3", 4), rec(31, "T3", "COMMIT"),
+                        rec(40, "T4", "UPDATE", "shop.orders", key=5, note="changed"), rec(41, "T4", "COMMIT")], 100)
+    config = configuration.load(write_config(tmp_path, tables=("shop.*",)))
+    run_extract(spark, store, config, "EXT1")
+    records = _trail_records(store)
+    _create_target(config, target_dsn)
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("INSERT INTO shop.orders VALUES (3, 'already here')")
+
+    for _ in range(2):  # and again: the same error, nothing moves
+        with pytest.raises(ApplyError) as error:
+            run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+        refused = next(r for r in records if r["xid"] == "T2" and json.loads(r["after"])["id"] == 3)
+        assert (error.value.path, error.value.rba, error.value.csn, error.value.table, error.value.key) == \
+            (refused["path"], refused["rba"], trail.csn_of(refused), "shop.orders", {"id": 3})
+        assert str(error.value).startswith(f"{refused['path']} rba {refused['rba']}: CSN {trail.csn_of(refused)}")
+        assert "duplicate key" in str(error.value)
+        # T1 went in (replayed on its own), T2 did not: the checkpoint is right after T1.
+        t1 = next(r for r in records if r["xid"] == "T1")
+        row = checkpoint_row(target_dsn)
+        assert (row["log_csn"], row["seqno"], row["rba"]) == (str(trail.csn_of(t1)), 1, t1["rba"] + 1)
+        assert _orders(target_dsn) == {1: "n1", 3: "already here"}
+
+    config = configuration.load(write_config(tmp_path, tables=("shop.*",), handlecollisions=True))
+    result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert result.collisions == 2  # the duplicate insert of 3 became an update; the update of 5 was skipped
+    assert _orders(target_dsn) == {1: "n1", 2: "n2", 3: "n3", 4: "n4"}
+    assert checkpoint_row(target_dsn)["log_csn"] == str(trail.csn_of(records[-1]))
+
+
+def test_alter_replicat_repositions_and_info_shows_both_checkpoints(tmp_path, spark, store, target_dsn, capsys,
+                                                                    monkeypatch):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "T1", 1), rec(11, "T1", "COMMIT"),
+                        ins(20, "T2", 2), ins(21, "T2", 7, table="hr.salaries"), rec(22, "T2", "COMMIT"),
+                        ins(30, "T3", 3), rec(31, "T3", "COMMIT"),
+                        ins(40, "T4", 4), rec(41, "T4", "COMMIT")], 100)
+    config_path = write_config(tmp_path, maps=[("shop.*", "Shop Copy.*")])  # hr.* is not mapped
+    config = configuration.load(config_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    run = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
+    run_extract(spark, store, config, "EXT1")
+    records = _trail_records(store)
+    csn = {r["xid"]: trail.csn_of(r) for r in records}
+    copy = sql.Identifier("Shop Copy", "orders")
+    assert run("target", "create") == 0 and "Shop Copy.orders" in capsys.readouterr().out
+
+    assert run("alter", "replicat", "REP1", "atcsn", str(csn["T3"].scn)) == 0
+    assert f"log_csn {csn['T3'].scn}@0:0:0" in capsys.readouterr().out
+    assert checkpoint_row(target_dsn)["log_csn"] == f"{csn['T3'].scn}@0:0:0"
+    assert run("replicat", "run", "REP1") == 0
+    assert "skipped 2 already applied" in capsys.readouterr().out
+    assert _orders(target_dsn, copy) == {3: "n3", 4: "n4"}
+
+    assert run("info", "replicat", "REP1", "--showch", "1") == 0
+    shown = capsys.readouterr().out
+    assert "The two agree" in shown and f"Log CSN                {csn['T4']}" in shown
+
+    # extseqno keeps log_csn: going back over what is applied re-applies nothing.
+    assert run("alter", "replicat", "REP1", "extseqno", "1", "extrba", "0") == 0
+    capsys.readouterr()
+    assert run("replicat", "run", "REP1") == 0
+    assert "applied 0 transactions" in capsys.readouterr().out
+    assert checkpoint_row(target_dsn)["log_csn"] == str(csn["T4"])
+
+    # aftercsn on a target emptied by hand: everything after T1 comes back.
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute(sql.SQL("TRUNCATE {}").format(copy))
+    assert run("alter", "replicat", "REP1", "aftercsn", str(csn["T1"])) == 0
+    assert run("replicat", "run", "REP1") == 0
+    assert _orders(target_dsn, copy) == {2: "n2", 3: "n3", 4: "n4"}
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT to_regclass('hr.salaries') IS NULL")
+        assert cur.fetchone()[0], "an unmapped table is neither created nor applied"
+
+    capsys.readouterr()
+    assert run("alter", "replicat", "REP1", "atcsn", "soon") == 1
+    assert "usage: trailbound alter replicat" in capsys.readouterr().err
+
+
+def test_lost_trail_recreated_from_log_bsn_applies_nothing_twice(tmp_path, spark, store, target_dsn, capsys,
+                                                                monkeypatch):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "T1", 1), rec(20, "T1", "COMMIT"), ins(30, "LONG", 2)], 100)
+    archive.segment(1, [ins(110, "T2", 3), rec(120, "T2", "COMMIT")], 200)
+    archive.segment(1, [rec(210, "LONG", "COMMIT"), ins(220, "T3", 4), rec(230, "T3", "COMMIT")], 300)
+    config_path = write_config(tmp_path, tables=("shop.*",))
+    config = configuration.load(config_path)
+    _create_target(config, target_dsn)
+    for until in (at(100), at(200)):
+        run_extract(spark, store, config, "EXT1", until=until)
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    run_extract(spark, store, config, "EXT1")
+    [lost] = {r["path"] for r in _trail_records(store) if r["xid"] == "T3"}
+    Path(lost).unlink()  # the trail is lost before replicat applied its last file
+
+    with pytest.raises(TrailboundError, match="Lost trails") as error:
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert lost in str(error.value)
+    assert checkpoint_row(target_dsn)["log_csn"] == str(trail.csn_of(next(r for r in _trail_records(store, upto=2)
+                                                                        if r["xid"] == "T2")))
+
+    # The runbook: re-create the trail from the replica's log_bsn (capture re-created on a
+    # new trail), then point replicat at it; the checkpoint table filters what it holds.
+    row = checkpoint_row(target_dsn)
+    assert row["log_bsn"] == "30", "T2 was written while LONG (from scn 30) was open"
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    run = lambda path, *words: cli.main(["--config", str(path), *words])  # noqa: E731
+    assert run(config_path, "delete", "extract", "EXT1") == 0
+    config_path = write_config(tmp_path, tables=("shop.*",), exttrail="dirdat/lr")
+    assert run(config_path, "add", "extract", "EXT1", "--begin", "scn", row["log_bsn"]) == 0
+    config = configuration.load(config_path)
+    run_extract(spark, store, config, "EXT1")
+    recaptured = [r["xid"] for r in trail.iter_records(tmp_path / "dirdat" / "lr000000001")]
+    assert recaptured == ["T2", "LONG", "T3"], "T2 comes again: it started after log_bsn"
+    assert run(config_path, "replicat", "run", "REP1") == 1
+    assert "alter replicat REP1 extseqno" in capsys.readouterr().err
+    assert run(config_path, "alter", "replicat", "REP1", "extseqno", "1", "extrba", "0") == 0
+    assert "dirdat/lr from seqno 1 rba 0" in capsys.readouterr().out
+    result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.skipped, result.transactions) == (1, 2)
+    assert _orders(target_dsn) == {1: "n1", 2: "n2", 3: "n3", 4: "n4"}
+    with store.transaction() as cur:
+        cur.execute("SELECT trail, seqno, rba FROM trailbound.trail_reader WHERE reader_kind = 'replicat'")
+        assert cur.fetchall() == [{"trail": str(tmp_path / "dirdat" / "lr"), "seqno": 1, "rba": 3}]
