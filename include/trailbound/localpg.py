@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
+from psycopg2 import sql
 
 SUPERUSER = "trailbound"
 DATABASES = ("trailbound_meta", "trailbound_target")
@@ -130,7 +131,7 @@ class LocalServer:
                 for database in DATABASES:
                     cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
                     if cur.fetchone() is None:
-                        cur.execute(f'CREATE DATABASE "{database}"')  # a fixed name of ours
+                        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
         finally:
             connection.close()
 
