@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import psycopg2
@@ -72,6 +71,25 @@ def test_groups_hold_whole_transactions_and_a_truncate_starts_a_new_one():
     assert chunk.groups[1].operations == 5 and chunk.end == TrailPosition(7, 13)
     with pytest.raises(trail.TrailError, match="not the start of a transaction"):
         plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], 1, None, grouptransops=4)
+
+
+def test_replicat_options_are_validated_and_named(tmp_path):
+    base = "sources:\n  SRC:\n    altarchivelogdest: a\nreplicats:\n  REP1:\n    exttrail: dirdat/lt\n"
+    for options, complaint in [("    source: SRC\n    groupstransops: 5\n", "replicats.REP1.groupstransops: unknown option"),
+                               ("    source: NOPE\n", "replicat REP1 reads source 'NOPE', which is not configured"),
+                               ("    source: SRC\n    map: [{source: shop, target: x.y}]\n", "must be schema.table"),
+                               ("    source: SRC\n    map: [{source: shop.*, target: 'x.y*'}]\n",
+                                "a wildcard stands for a whole schema or table name"),
+                               ("    source: SRC\n    grouptransops: 0\n", "replicats.REP1.grouptransops")]:
+        path = tmp_path / "trailbound.yaml"
+        path.write_text(base + options)
+        with pytest.raises(configuration.ConfigError, match=complaint.replace("*", "\\*").replace("(", "\\(")):
+            configuration.load(path)
+    assert tgt.map_name([configuration.MapRule(source="hr.*", target="x.*"),
+                         configuration.MapRule(source="shop.*", target="Copy.*")], 'shop.Kunden "Prüfung"') == \
+        ("Copy", 'Kunden "Prüfung"')
+    assert tgt.map_name(tgt.IDENTITY, "shop.orders") == ("shop", "orders")
+    assert tgt.map_name([configuration.MapRule(source="hr.*", target="x.*")], "shop.orders") is None
 
 
 # ---------------------------------------------------------------- net change (Spark)
@@ -141,6 +159,76 @@ def test_copy_lines_escape_values_and_carry_the_mask(spark):
                        shapes["s.t"]) == "U\t101\t3\t3\t\\N\t\\N\n"
 
 
+KUNDEN = 'shop.Kunden "Prüfung"'
+AWKWARD_TABLES = [
+    {"name": KUNDEN, "key": ["Kunden-Nr"], "columns": [
+        {"name": "Kunden-Nr", "type": "bigint", "nullable": False}, {"name": "select", "type": "text", "nullable": True},
+        {"name": "Mixed Case", "type": "text", "nullable": True}, {"name": "naïve", "type": "boolean", "nullable": True},
+        {"name": "from", "type": "date", "nullable": True}, {"name": "payload", "type": "bytea", "nullable": True},
+        {"name": "score", "type": "double precision", "nullable": True},
+        {"name": "tags", "type": "text[]", "nullable": True}, {"name": "big", "type": "bigint", "nullable": True}]},
+    {"name": "shop.orders", "key": ["id"], "columns": [
+        {"name": "id", "type": "bigint", "nullable": False}, {"name": "total", "type": "numeric", "nullable": False},
+        {"name": "at", "type": "timestamptz", "nullable": True}, {"name": "items", "type": "integer[]", "nullable": True},
+        {"name": "meta", "type": "jsonb", "nullable": True}]},
+]
+
+
+def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, spark, store, target_dsn):
+    """An insert-only unit (formatted by Arrow on the driver), a mixed unit (Spark) and a
+    key update (a chain resolved on the driver) carry every awkward value to the target:
+    NULL vs '', escapes, Unicode, numeric scale, bytea, arrays, jsonb, float extremes."""
+    from capture_kit import Archive
+    from trailbound.archive.writer import write_defs
+
+    root = tmp_path / "archive"
+    write_defs(root, AWKWARD_TABLES)
+    archive = Archive(root)
+    k1 = {"Kunden-Nr": 1, "select": "tab\there \\N back\\slash", "Mixed Case": "", "naïve": True,
+          "from": "2026-11-01", "payload": "\\x00ff", "score": -0.0, "tags": '{"a b",NULL}',
+          "big": 9223372036854775807}
+    k2 = {"Kunden-Nr": 2, "select": None, "Mixed Case": "Zoë 🚀 北京", "naïve": None, "from": None, "payload": None,
+          "score": 1e-300, "tags": "{}", "big": -9223372036854775808}
+    k3 = {"Kunden-Nr": 3, "select": "line\nbreak\r", "Mixed Case": None, "naïve": False, "from": "1999-12-31",
+          "payload": "\\x", "score": 6.02214076e23, "tags": None, "big": 0}
+    k5 = {"Kunden-Nr": 5, "select": "'; DROP TABLE x; --", "Mixed Case": "NULL", "naïve": True, "from": None,
+          "payload": "\\xdeadbeef", "score": 1.7976931348623157e308, "tags": '{"with \\"quote\\""}', "big": None}
+    o1 = {"id": 1, "total": "12345.678901234567890", "at": "2026-11-01 12:00:00.123456+00", "items": "{1,NULL}",
+          "meta": '{"n": 1.50, "x": "naïve \\"q\\""}'}
+    o2 = {"id": 2, "total": "0.10", "at": None, "items": "{}", "meta": None}
+
+    def change(scn, xid, op, table=None, before=None, after=None):
+        return {"scn": scn, "ts": at(scn), "xid": xid, "parent_xid": None, "op": op, "table": table,
+                "before": before, "after": after}
+
+    archive.segment(1, [
+        change(10, "T1", "INSERT", KUNDEN, after=k1), change(11, "T1", "INSERT", KUNDEN, after=k2),
+        change(12, "T1", "INSERT", KUNDEN, after=k3), change(13, "T1", "INSERT", "shop.orders", after=o1),
+        change(14, "T1", "INSERT", "shop.orders", after=o2), change(15, "T1", "COMMIT"),
+        change(20, "T2", "UPDATE", "shop.orders", {"id": 2}, {"id": 2, "total": "7.000"}),
+        change(21, "T2", "UPDATE", KUNDEN, {"Kunden-Nr": 1}, {"Kunden-Nr": 1, "score": 2.5, "Mixed Case": None}),
+        change(22, "T2", "DELETE", KUNDEN, {"Kunden-Nr": 2}),
+        change(23, "T2", "INSERT", KUNDEN, after=k5), change(24, "T2", "COMMIT"),
+        change(30, "T3", "UPDATE", KUNDEN, {"Kunden-Nr": 3}, {"Kunden-Nr": 30, "select": "moved"}),
+        change(31, "T3", "COMMIT")], 100)
+    config = configuration.load(write_config(tmp_path, tables=("shop.*",), grouptransops=3))
+    run_extract(spark, store, config, "EXT1")
+    _create_target(config, target_dsn)
+    result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.groups, result.replayed_groups) == (3, 0)
+    assert {"prepare: net change, units that are their own (Arrow)", "prepare: net change (Spark)"} <= set(
+        result.timings)
+    names = lambda table: [c["name"] for c in table["columns"]]  # noqa: E731
+    truth = {"tables": {
+        KUNDEN: {"columns": names(AWKWARD_TABLES[0]),
+                 "rows": [k1 | {"score": 2.5, "Mixed Case": None}, k3 | {"Kunden-Nr": 30, "select": "moved"}, k5]},
+        "shop.orders": {"columns": names(AWKWARD_TABLES[1]), "rows": [o1, o2 | {"total": "7.000"}]}}}
+    assert differences(target_dsn, truth) == {}
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT total::text FROM shop.orders ORDER BY id")
+        assert [r[0] for r in cur.fetchall()] == ["12345.678901234567890", "7.000"], "numeric scale is kept"
+
+
 # ---------------------------------------------------------------- a captured simulated source
 
 @dataclass
@@ -148,7 +236,7 @@ class Captured:
     directory: Path
     metadata_dsn: str          # the template each test clones
     truth: dict
-    first_run_last_seqno: int  # the committed end of the trail after the first capture run
+    middle_seqno: int          # a committed end part-way: tests hide the files after it
     last_seqno: int
 
 
@@ -161,20 +249,19 @@ def _admin(server_dsn: str):
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory, spark, pg_server_dsn, new_metadata_database):
     """A simulated busy source (every awkward type and identifier, savepoints, TRUNCATE,
-    key updates, a keyless table) captured in two runs into small trail files."""
+    key updates, a keyless table) captured into small trail files. Tests move the trail's
+    committed end back (hiding trail_file rows) to apply it in several runs."""
     from trailbound.simulator import simulate
 
     directory = tmp_path_factory.mktemp("replicat")
-    summary = simulate(directory / "archive", directory / "truth.json", records=6000, hours=12, seed=5)
+    simulate(directory / "archive", directory / "truth.json", records=6000, hours=12, seed=5)
     config = configuration.load(write_config(directory, megabytes=0.1))
     dsn = new_metadata_database()
     with MetadataStore.open(dsn) as store:
-        run_extract(spark, store, config, "EXT1", until=summary.first_time + timedelta(hours=6))
-        first = _committed_seqnos(store)[-1]
         run_extract(spark, store, config, "EXT1")
         last = _committed_seqnos(store)[-1]
-    assert last > first + 2
-    return Captured(directory, dsn, json.loads((directory / "truth.json").read_text()), first, last)
+    assert last >= 6
+    return Captured(directory, dsn, json.loads((directory / "truth.json").read_text()), last // 2, last)
 
 
 def _committed_seqnos(store) -> list[int]:
@@ -212,11 +299,12 @@ def _unhide_files(metadata_dsn: str) -> None:
                     " INSERT INTO trailbound.trail_file SELECT * FROM moved")
 
 
-def _trail_end(metadata_dsn: str) -> tuple[TrailPosition, Csn]:
+def _trail_end(metadata_dsn: str, with_bsn: bool = False):
     with psycopg2.connect(metadata_dsn) as connection, connection.cursor() as cur:
-        cur.execute("SELECT seqno, records, last_csn FROM trailbound.trail_file ORDER BY seqno DESC LIMIT 1")
-        seqno, records, last_csn = cur.fetchone()
-    return TrailPosition(seqno, records), Csn.parse(last_csn)
+        cur.execute("SELECT seqno, records, last_csn, log_bsn FROM trailbound.trail_file ORDER BY seqno DESC LIMIT 1")
+        seqno, records, last_csn, log_bsn = cur.fetchone()
+    end = (TrailPosition(seqno, records), Csn.parse(last_csn))
+    return (*end, log_bsn) if with_bsn else end
 
 
 def _file_checkpoint(metadata_dsn: str) -> ckpt.Checkpoint:
@@ -239,25 +327,25 @@ def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_ds
     assert run("target", "create") == 0
     assert 'shop.Kunden "Prüfung"' in capsys.readouterr().out
 
-    _hide_files_after(metadata_copy, captured.first_run_last_seqno)
+    _hide_files_after(metadata_copy, captured.middle_seqno)
     assert run("replicat", "run", "REP1") == 0
     first = capsys.readouterr().out
     assert "from file checkpoint at seqno 0 rba 0" in first
     middle = checkpoint_row(target_dsn)
-    assert middle["seqno"] == captured.first_run_last_seqno
+    assert middle["seqno"] == captured.middle_seqno
     _unhide_files(metadata_copy)
 
     assert run("replicat", "run", "REP1") == 0
-    assert f"from checkpoint table at seqno {captured.first_run_last_seqno} rba {middle['rba']}" in \
+    assert f"from checkpoint table at seqno {captured.middle_seqno} rba {middle['rba']}" in \
         capsys.readouterr().out
     assert differences(target_dsn, captured.truth) == {}
 
-    end, last_csn = _trail_end(metadata_copy)
+    end, last_csn, log_bsn = _trail_end(metadata_copy, with_bsn=True)
     row = checkpoint_row(target_dsn)
     assert (row["seqno"], row["rba"], row["log_csn"], row["log_cmplt_csn"]) == (end.seqno, end.rba, str(last_csn),
                                                                                 str(last_csn))
     assert json.loads(row["log_cmplt_xids"]) and row["log_xid"] in json.loads(row["log_cmplt_xids"])
-    assert int(row["log_bsn"]) > 0 and row["audit_ts"] is not None and row["group_key"] == 0
+    assert row["log_bsn"] == str(log_bsn) and row["audit_ts"] is not None and row["group_key"] == 0
     assert _file_checkpoint(metadata_copy) == ckpt.Checkpoint(end, last_csn, int(row["log_bsn"]), row["audit_ts"])
     with psycopg2.connect(metadata_copy) as connection, connection.cursor() as cur:
         cur.execute("SELECT seqno, rba FROM trailbound.trail_reader WHERE reader_kind = 'replicat'"
@@ -320,7 +408,7 @@ def test_a_target_restored_from_a_backup_converges(captured, metadata_copy, targ
     config = configuration.load(write_config(tmp_path, home=captured.directory, grouptransops=200, megabytes=0.1))
     _create_target(config, target_dsn)
     with MetadataStore.open(metadata_copy) as store:
-        _hide_files_after(metadata_copy, captured.first_run_last_seqno)
+        _hide_files_after(metadata_copy, captured.middle_seqno)
         run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
         backup = tmp_path / "target.dump"
         subprocess.run([_pg_tool("pg_dump"), "--format=custom", f"--file={backup}", f"--dbname={target_dsn}"],

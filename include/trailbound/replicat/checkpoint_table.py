@@ -181,11 +181,13 @@ def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition
 
 
 def set_position(cur, name: CheckpointTableName, group: str, position: TrailPosition, *,
-                 log_csn: Csn | None | bool = False, current_dir: str) -> None:
+                 log_csn: Csn | None | bool = False, current_dir: str, initial_csn: Csn | None = None) -> None:
     """Move only the position (and, when given, log_csn): ALTER REPLICAT, or a run that
-    read past transactions it had already applied. Keeps the rest of the row."""
+    read past transactions it had already applied. Keeps the rest of the row; a row
+    created here gets `initial_csn` when log_csn is not given."""
+    csn = log_csn if log_csn is not False else initial_csn
     params = {"group": group, "key": GROUP_KEY, "seqno": position.seqno, "rba": position.rba, "dir": current_dir,
-              "csn": str(log_csn) if log_csn else None, "version": VERSION}
+              "csn": str(csn) if csn else None, "version": VERSION}
     set_csn = sql.SQL(", log_csn = EXCLUDED.log_csn, log_cmplt_csn = EXCLUDED.log_cmplt_csn,"
                       " log_cmplt_xids = NULL") if log_csn is not False else sql.SQL("")
     cur.execute(sql.SQL(

@@ -15,8 +15,6 @@ reads both as the same double.
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,19 +56,19 @@ def _parse(images: pa.ChunkedArray, plan: TablePlan) -> pa.Table | None:
     schema = pa.schema([(c, _arrow_type(t)) for c, t in zip(plan.columns, plan.types)])
     ndjson = _joined(pc.binary_join_element_wise(images.combine_chunks(), "", "\n"))
     try:
-        return pj.read_json(io.BytesIO(ndjson),
+        return pj.read_json(pa.BufferReader(ndjson),
                             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
                             read_options=pj.ReadOptions(block_size=1 << 24))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None  # an image of another shape than the catalog implies: Spark will say
 
 
-def _joined(lines: pa.Array) -> bytes:
-    """The values of a string array concatenated (its data buffer, between its offsets)."""
+def _joined(lines: pa.Array) -> pa.Buffer:
+    """The values of a string array concatenated: a slice of its data buffer, no copy."""
     if not len(lines):
-        return b""
+        return pa.py_buffer(b"")
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset:lines.offset + len(lines) + 1]
-    return lines.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
+    return lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
 def split(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np.ndarray]:

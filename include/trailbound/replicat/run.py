@@ -9,7 +9,9 @@
    transaction with a TRUNCATE starts a new group), and split groups into units at each
    TRUNCATE.
 4. Spark computes each unit's net change per table and key (netchange.py) and formats
-   COPY lines; while the driver applies one chunk, Spark prepares the next.
+   COPY lines; a unit that is its own net change (INSERTs of distinct keys) is formatted
+   on the driver with Arrow instead (direct.py). While the driver applies one chunk, the
+   next is prepared in a background thread.
 5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
    table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    A group the fast path cannot apply is rolled back and replayed transaction by
@@ -24,7 +26,7 @@ what it holds: nothing is applied twice and nothing is lost.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import shutil
 import threading
 import time
@@ -38,7 +40,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import psycopg2
-from psycopg2 import sql
 
 from trailbound import trail as trails
 from trailbound import trailfs
@@ -57,6 +58,7 @@ from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastA
 from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
                                            resolve_chains)
 
+log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
 CHUNK_RECORDS = 250_000
 FILE_CHECKPOINT_SECONDS = 1.0
@@ -235,7 +237,7 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
         if index == 0 and start_rba:
             table = table.slice(start_rba)
         parts.append(table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64))))
-    records = pa.concat_tables(parts).combine_chunks() if parts else pa.table({})
+    records = pa.concat_tables(parts) if parts else pa.table({})  # chunked: no copy of the images
     n = len(records)
     ind = records.column("trans_ind").to_numpy()
     starts = np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
@@ -312,27 +314,33 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
 @dataclass
 class UnitTable:
     table: str
-    staged: tuple[int, int] | None = None
+    staged: tuple[int, int, int] | None = None       # (part, first line, past the last)
     counts: dict[str, int] = field(default_factory=dict)
-    inserts: tuple[int, int] | None = None
+    inserts: tuple[int, int, int] | None = None
     unresolved: bool = False
 
 
 class NetRows:
-    """Spark's COPY lines for a chunk, sorted by unit, table and step, as one contiguous
-    buffer: the lines of one (unit, table, step) are one slice of it, sent as is."""
+    """COPY lines for a chunk, as slices: the lines of one (unit, table, step) are one
+    contiguous slice of one part's data buffer, sent as is. A part must hold each
+    (unit, table, step) contiguously (Arrow-made lines do, table by table); Spark's are
+    sorted first."""
 
-    def __init__(self, table: pa.Table):
-        order = pc.sort_indices(table, sort_keys=[("unit", "ascending"), ("table", "ascending"),
-                                                  ("step", "ascending")])
-        table = table.take(order)
-        lines = table.column("line").combine_chunks().cast(pa.large_string())
-        self._data = memoryview(lines.buffers()[2]) if len(lines) else memoryview(b"")
-        self._offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1] \
-            if len(lines) else np.zeros(1, dtype=np.int64)
+    def __init__(self, parts: list[pa.Table]):
+        self._buffers: list[tuple[memoryview, np.ndarray]] = []
         self.units: dict[int, list[UnitTable]] = {}
-        if not len(table):
-            return
+        for table in parts:
+            if len(table):
+                self._add(table)
+
+    def _add(self, table: pa.Table) -> None:
+        part = len(self._buffers)
+        lines = table.column("line").combine_chunks()
+        if not pa.types.is_large_string(lines.type):
+            lines = lines.cast(pa.large_string())
+        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
+        self._buffers.append((memoryview(lines.buffers()[2]) if lines.buffers()[2] is not None else memoryview(b""),
+                              offsets))
         units = table.column("unit").to_numpy()
         steps = table.column("step").to_numpy()
         names = table.column("table").combine_chunks().dictionary_encode()
@@ -344,22 +352,33 @@ class NetRows:
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             unit, name, step = int(units[a]), dictionary[codes[a]], int(steps[a])
             entries = self.units.setdefault(unit, [])
-            if not entries or entries[-1].table != name:
-                entries.append(UnitTable(name))
-            entry = entries[-1]
+            entry = next((e for e in entries if e.table == name), None)
+            if entry is None:
+                entry = UnitTable(name)
+                entries.append(entry)
             if step == 0:
                 entry.unresolved = True
             elif step == 1:
-                entry.staged = (a, b)
+                entry.staged = (part, a, b)
                 found, counts = np.unique(kinds[a:b], return_counts=True)
                 entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
             else:
-                entry.inserts = (a, b)
+                entry.inserts = (part, a, b)
 
-    def view(self, span: tuple[int, int] | None) -> memoryview | None:
+    def view(self, span: tuple[int, int, int] | None) -> memoryview | None:
         if span is None:
             return None
-        return self._data[int(self._offsets[span[0]]):int(self._offsets[span[1]])]
+        part, a, b = span
+        data, offsets = self._buffers[part]
+        return data[int(offsets[a]):int(offsets[b])]
+
+
+def _grouped(table: pa.Table) -> pa.Table:
+    """Lines sorted so that each (unit, table, step) is contiguous."""
+    if not len(table):
+        return table
+    return table.take(pc.sort_indices(table, sort_keys=[("unit", "ascending"), ("table", "ascending"),
+                                                        ("step", "ascending")]))
 
 
 def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
@@ -378,8 +397,8 @@ def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], wor
                       .to_numpy(zero_copy_only=False), dtype=bool)
     chosen = np.flatnonzero(dml)
     if not len(chosen):
-        return NetRows(_NET_LINES.empty_table())
-    selected = records.take(pa.array(chosen))
+        return NetRows([])
+    selected = records if len(chosen) == n else records.take(pa.array(chosen))
     data = pa.table({"unit": pa.array(chunk.unit_of_record[chosen].astype(np.int64)),
                      "seq": pa.array(chosen.astype(np.int64)), "table": selected.column("table"),
                      "op": selected.column("op"), "before": selected.column("before"),
@@ -403,11 +422,15 @@ def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], wor
         shapes = {name: Shape.of(plans[name].columns, plans[name].key) for name in sorted(present)}
         net = net_changes(spark.read.parquet(str(inputs)), shapes)
         copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
-        parts.append(_with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes))
+        parts.append(_grouped(_with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes)))
         shutil.rmtree(workdir, ignore_errors=True)
         if timer:
             timer.add("prepare: net change (Spark)", time.perf_counter() - began)
-    return NetRows(pa.concat_tables(parts))
+    began = time.perf_counter()
+    rows = NetRows(parts)
+    if timer:
+        timer.add("prepare: index the COPY lines", time.perf_counter() - began)
+    return rows
 
 
 _NET_LINES = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
@@ -544,7 +567,8 @@ class _Run:
             # Past transactions already applied (skipped) after the last group: move the
             # position in both checkpoints, keeping log_csn.
             with self.connection.cursor() as cur:
-                ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir)
+                ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir,
+                                 initial_csn=self.checkpoint.log_csn)
             self.connection.commit()
             self._save(ckpt.Checkpoint(chunk.end, self.checkpoint.log_csn, self.checkpoint.log_bsn,
                                        self.checkpoint.audit_ts), now=True)
@@ -572,6 +596,13 @@ class _Run:
             self.timer.add("apply: fast path (failed, rolled back)", time.perf_counter() - began)
             self.replay_group(chunk, group, reason=exc)
             return
+        except psycopg2.Error as exc:  # not the data: the target itself (a missing grant, a lost connection)
+            self._rollback_quietly()
+            self.flush()
+            first = chunk.transaction(group.txns[0])[0]
+            raise TrailboundError(f"target error applying the group from {chunk.path_of(first['seqno'])} rba "
+                                  f"{first['rba']} (CSN {trails.csn_of(first)} to {group.log_csn}): "
+                                  f"{(exc.pgerror or str(exc)).strip()}") from None
         except BaseException:
             self._rollback_quietly()
             raise
@@ -590,6 +621,9 @@ class _Run:
         """Apply a group transaction by transaction, each with its checkpoint row."""
         began = time.perf_counter()
         self.result.replayed_groups += 1
+        log.warning("replicat %s: the group ending at seqno %s rba %s (CSN %s) is replayed transaction by "
+                    "transaction: %s", self.state.group, group.end.seqno, group.end.rba, group.log_csn,
+                    str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__)
         for txn in group.txns:
             records = chunk.transaction(txn)
             stats = ReplayStats()
