@@ -45,7 +45,7 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
 SPARK_SUBMIT = spark-submit --master local[*] --conf spark.log.level=WARN --conf spark.ui.enabled=false \
                --conf spark.sql.session.timeZone=UTC
 
-.PHONY: help install db demo test bench env clean distclean airflow dags
+.PHONY: help install db demo demo-run demo-register test bench env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
@@ -75,22 +75,56 @@ env: $(STAMP)
 $(DEMO)/archive/defs.json: | $(STAMP)
 	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48
 
-demo: db $(DEMO)/archive/defs.json
-	@echo "== catalog the simulated source's redo archive"
-	$(DB_ENV) $(SPARK_SUBMIT) jobs/archive_scan.py
-	$(DB_ENV) trailbound archive list --summary
-	@echo "== capture, first the log archived by the end of the first day, then the rest"
-	$(DB_ENV) $(SPARK_SUBMIT) jobs/extract.py EXT1 --until 2026-11-02T00:00:00Z
-	$(DB_ENV) $(SPARK_SUBMIT) jobs/extract.py EXT1
+# The demo's DAG runs: four logical dates 12 hours apart over the simulated 48 hours of
+# log. Each capture run reads everything archived by its data interval's end (as a
+# scheduled run does after a pause), so the four together cover the whole archive.
+DEMO_DATES := 2026-11-01T12:00:00+00:00 2026-11-02T00:00:00+00:00 2026-11-02T12:00:00+00:00 \
+              2026-11-03T00:00:00+00:00
+DEMO_DAGS  := capture_ext1 pump_pmp1 replicat_rep1 retention
+# `airflow dags test DAG DATE`, its log kept under var/demo/logs: the outcome, and the
+# summary lines the tasks printed.
+DEMO_SUMMARY := Extract [A-Z0-9_]*: [^[]*\|EXTRACT [A-Z0-9_]* [^[]*\|Pump [A-Z0-9_]* [^[]*\|Replicat [A-Z0-9_]*: [^[]*\|PASSED: [^[]*\|Source [A-Z0-9_]* (retention [^;]*; [^;]*
+define dag_test
+	@log=$(DEMO)/logs/$(1)_$(subst :,,$(2)).log; \
+	$(DB_ENV) $(AIRFLOW_ENV) airflow dags test $(1) $(2) $(3) > $$log 2>&1; \
+	state=$$(grep -o 'DagRun Finished.*state=[a-z]*' $$log | tail -1 | sed 's/.*state=//'); \
+	printf '  %s %s: %s\n' $(2) $(1) "$${state:-error}"; \
+	grep -o "$(DEMO_SUMMARY)" $$log | uniq | sed 's/ *$$//; s/^/      /' | cut -c1-160; \
+	test "$$state" = success || { echo "  -> $$log"; tail -30 $$log; exit 1; }
+endef
+
+demo: db $(DEMO)/archive/defs.json var/airflow/airflow.db
+	@mkdir -p $(DEMO)/logs
+	@echo "== the target's tables, made from the source's table definitions"
+	$(DB_ENV) trailbound target create
+	@echo "== the pipeline through Airflow (airflow dags test), interval by interval"
+	@echo "   (the first capture run also catalogs the archive; after it, the control DAG registers"
+	@echo "   EXT1 for log retention, as REGISTER EXTRACT EXT1 LOGRETENTION; logs under $(DEMO)/logs)"
+	@for date in $(DEMO_DATES); do for dag in $(DEMO_DAGS); do \
+	  $(MAKE) -s --no-print-directory demo-run DAG=$$dag DATE=$$date || exit 1; \
+	  if [ $$dag = capture_ext1 ]; then $(MAKE) -s --no-print-directory demo-register DATE=$$date || exit 1; fi; \
+	done; done
+	@echo "== the replica (target database)"
+	@$(DB_ENV) sh -c 'psql -X -q "$$TRAILBOUND_TARGET_DSN" -f include/sql/replica_summary.sql'
+	@echo "== the checkpoint table row and the replicat's checkpoints"
+	$(DB_ENV) trailbound info replicat REP1 --showch
+	@echo "== capture checkpoints"
 	$(DB_ENV) trailbound info extract EXT1 --showch
-	@echo "== the first records of the trail"
-	$(DB_ENV) trailbound logdump var/dirdat/lt000000001 --count 5
 	@echo
 	@echo "Simulated source archive: $(DEMO)/archive   (its expected final state: $(DEMO)/truth.json)"
-	@echo "Trail files:              var/dirdat/lt*     (Parquet; trailbound logdump FILE --json)"
-	@echo "Configuration:            $(TRAILBOUND_CONFIG)"
-	@echo "PostgreSQL log:           $(PG_DIR)/server.log"
-	@echo "Look further:             export \$$(make -s env); .venv/bin/trailbound info extract EXT1 --showch 5"
+	@echo "Trail files:              var/dirdat/lt* (local), var/remote/rt* (shipped by PMP1; trailbound logdump FILE)"
+	@echo "DAG run logs:             $(DEMO)/logs/<dag>_<date>.log; Airflow task logs under var/airflow/logs"
+	@echo "Configuration:            $(TRAILBOUND_CONFIG)   (DAG files: dags/, from \`make dags\`)"
+	@echo "PostgreSQL:               $(PG_DIR)/server.log; connect with: export \$$(make -s env); psql \"\$$TRAILBOUND_TARGET_DSN\""
+	@echo "The Airflow UI:           make airflow   (http://localhost:8080)"
+
+demo-run:
+	$(call dag_test,$(DAG),$(DATE),$(if $(CONF),--conf '$(CONF)'))
+
+demo-register:
+	@$(DB_ENV) trailbound info retention | grep -q 'EXTRACT EXT1 *enabled' || \
+	  $(MAKE) -s --no-print-directory demo-run DAG=control DATE=$(DATE) \
+	    CONF='{"command": "register_logretention", "group": "EXT1", "argument": ""}'
 
 test: db
 	$(DB_ENV) $(PYTHON) -m pytest $(PYTEST_ARGS)

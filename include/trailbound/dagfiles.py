@@ -95,11 +95,15 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
         "Purges redo segments below the minimum SCN every registered capture still needs,\n"
         "honouring minkeephours, backups and the space limit; publishes what it did.",
         "retention_dag", interval=config.airflow.retention_interval, start_date=start)
+    groups = {**{name: "extract" for name in config.extracts}, **{name: "pump" for name in config.pumps},
+              **{name: "replicat" for name in config.replicats}}
     files["control.py"] = _render(
-        "Control: one command from the UI, recorded for the next run.",
-        "Trigger with params: skiptrans / forcetrans XID (SEND EXTRACT), brreset (START\n"
-        "EXTRACT ... BRRESET), alter_extract_begin now|TIME|scn N (ALTER EXTRACT ... BEGIN).",
-        "control_dag", start_date=start, groups=sorted(config.extracts))
+        "Control: one command from the UI, as `trailbound` would run it from the shell.",
+        "Trigger with params command, group, argument: skiptrans / forcetrans XID and showtrans\n"
+        "(SEND EXTRACT), brreset (START EXTRACT ... BRRESET), alter_extract_begin now|TIME|scn N,\n"
+        "alter_replicat atcsn N|aftercsn N|extseqno S extrba R, register_logretention /\n"
+        "unregister_logretention (REGISTER EXTRACT ... LOGRETENTION), info (INFO ... SHOWCH).",
+        "control_dag", start_date=start, groups=dict(sorted(groups.items())))
     return files
 
 

@@ -1,4 +1,5 @@
-"""Data-quality checks with Great Expectations: new trail files after a capture run.
+"""Data-quality checks with Great Expectations: new trail files after a capture run, and
+the replica after a replicat run (validate_replica, against replicat/expected.py).
 
 The checks a user relies on, as expectations on the trail's records:
 - commit order: CSNs never decrease, and no record sorts before the one above it by
@@ -127,64 +128,103 @@ def _copy_text(value) -> str:
     return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r"))
 
 
-def validate_replica(config, group: str) -> QualityReport:
-    """Great Expectations on the replica: per target table, the row count and a checksum
-    of every row equal those of the expected state. The expected state is the source's
-    `truth` file (the simulator writes one); PostgreSQL parses both sides with the target's
-    own types, so numeric scale, bytea, timestamptz and NULL vs '' all count."""
-    import io
+def validate_replica(config, store, group: str) -> QualityReport:
+    """Great Expectations on the replica, per target table: the rows the expected state
+    names are there with the same values (count and checksum), and the keys it says are
+    gone are not. The expected state is the source's `truth` file once the replicat has
+    applied through it, else the fold of the trail it applied (replicat/expected.py).
+    PostgreSQL parses the expected values with the target's own types, so numeric scale,
+    bytea, timestamptz and NULL vs '' all count."""
     import json
 
     import great_expectations as gx
-    from psycopg2 import sql
 
+    from trailbound.archive.segments import load_defs
+    from trailbound.replicat import checkpoints, expected
     from trailbound.replicat.target import connect, map_name
 
     replicat = config.replicat(group)
     source = config.source(replicat.source)
-    if source.truth is None:
-        return QualityReport(True, f"no truth file configured for source {replicat.source}: replica not compared")
-    truth = json.loads(config.path(source.truth).read_text())
-    rows = []
+    with store.transaction() as cur:
+        state = checkpoints.load(cur, group)
+        rows = checkpoints.committed_files(cur, state.exttrail, 1) if state else []
+    if state is None or state.checkpoint.log_csn is None:
+        return QualityReport(True, f"replicat {group} has applied nothing yet: nothing to compare")
+    applied = state.checkpoint.log_csn
+    truth = json.loads(config.path(source.truth).read_text()) if source.truth else None
+    if truth is not None and truth["last_csn"] <= applied.scn:
+        tables, against = expected.from_truth(truth), f"{source.truth} (complete state)"
+    else:
+        files = expected.readable_suffix(rows, state.checkpoint.position)
+        tables = expected.from_trail(files, state.checkpoint.position, load_defs(config.archive_dir(replicat.source)))
+        against = (f"the trail as applied through {applied} (files {files[0][0]}..{files[-1][0]}, keys it touched)"
+                   if files else "the trail (no readable file: keys not checked)")
+    results = []
     connection = connect(config)
     try:
         with connection.cursor() as cur:
-            for name, table in truth["tables"].items():
-                target = map_name(replicat.map, name)
-                if target is None:
-                    continue
-                columns = sql.SQL(", ").join(sql.Identifier(c) for c in table["columns"])
-                relation = sql.Identifier(*target)
-                cur.execute(sql.SQL("CREATE TEMP TABLE expected ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
-                            .format(columns, relation))
-                data = "".join("\t".join(_copy_text(row[c]) for c in table["columns"]) + "\n" for row in table["rows"])
-                cur.copy_expert(sql.SQL("COPY expected ({}) FROM STDIN").format(columns).as_string(cur),
-                                io.StringIO(data))
-                checksum = sql.SQL("SELECT count(*), md5(coalesce(string_agg(r::text, E'\\n' ORDER BY r::text), ''))"
-                                   " FROM (SELECT {} FROM {}) r")
-                cur.execute(checksum.format(columns, relation))
-                target_rows, target_md5 = cur.fetchone()
-                cur.execute(checksum.format(columns, sql.Identifier("expected")))
-                expected_rows, expected_md5 = cur.fetchone()
-                rows.append({"table": name, "target_rows": target_rows, "expected_rows": expected_rows,
-                             "target_md5": target_md5, "expected_md5": expected_md5})
-                connection.rollback()  # drops the temp table; nothing was written
+            for table in tables.values():
+                target = map_name(replicat.map, table.name)
+                if target is not None:
+                    results.append(_compare_table(cur, table, target))
+                    connection.rollback()  # drops the temp tables; nothing was written
     finally:
         connection.close()
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(results, columns=["table", "target_rows", "expected_rows", "target_md5", "expected_md5",
+                                           "target_keys", "expected_keys", "gone_but_present"])
     context = gx.get_context(mode="ephemeral")
     batch = (context.data_sources.add_pandas("replica").add_dataframe_asset(name="tables")
              .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
     suite = context.suites.add(gx.ExpectationSuite(name="replica"))
-    suite.add_expectation(gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="target_rows",
-                                                                           column_B="expected_rows"))
-    suite.add_expectation(gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="target_md5",
-                                                                           column_B="expected_md5"))
+    for a, b in (("target_rows", "expected_rows"), ("target_md5", "expected_md5"), ("target_keys", "expected_keys")):
+        suite.add_expectation(gx.expectations.ExpectColumnPairValuesToBeEqual(column_A=a, column_B=b))
+    suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(column="gone_but_present", value_set=[0]))
     result = batch.validate(suite)
-    differing = [r["table"] for r in rows if (r["target_rows"], r["target_md5"]) != (r["expected_rows"],
-                                                                                     r["expected_md5"])]
-    report = QualityReport(bool(result.success), f"{len(rows)} target tables against {source.truth}"
+    differing = [r[0] for r in results if (r[1], r[3], r[5], r[7]) != (r[2], r[4], r[6], 0)]
+    report = QualityReport(bool(result.success), f"{len(results)} target tables against {against}"
                            + (f"; differing: {', '.join(differing)}" if differing else ""),
-                           [(r.expectation_config.type, bool(r.success)) for r in result.results])
+                           [(r.expectation_config.type + _column(r.expectation_config), bool(r.success))
+                            for r in result.results])
     log.info(report.describe())
     return report
+
+
+def _compare_table(cur, table, target: tuple[str, str]) -> tuple:
+    """(name, target rows, expected rows, target md5, expected md5, target keys, expected
+    keys, gone keys present) for one table. Rows and md5 cover the expected full rows
+    (every row when the state is complete); keys cover the keys that must exist."""
+    import io
+
+    from psycopg2 import sql
+
+    def load(name: str, columns, lines) -> None:
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                    .format(sql.Identifier(name), names, relation))
+        data = "".join("\t".join(_copy_text(v) for v in line) + "\n" for line in lines)
+        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(name), names).as_string(cur),
+                        io.StringIO(data))
+
+    def one(query, *args):
+        cur.execute(query.format(*args))
+        return cur.fetchone()
+
+    relation = sql.Identifier(*target)
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in table.columns)
+    load("tb_expected", table.columns, ([row[c] for c in table.columns] for row in table.rows))
+    checksum = sql.SQL("SELECT count(*), md5(coalesce(string_agg(r::text, E'\\n' ORDER BY r::text), ''))"
+                       " FROM (SELECT {} FROM {} {}) r")
+    expected_rows, expected_md5 = one(checksum, columns, sql.Identifier("tb_expected"), sql.SQL(""))
+    if table.complete:
+        target_rows, target_md5 = one(checksum, columns, relation, sql.SQL(""))
+        return (table.name, target_rows, expected_rows, target_md5, expected_md5, 0, 0, 0)
+    key = sql.SQL(", ").join(sql.Identifier(c) for c in table.key)
+    within = sql.SQL("WHERE ({}) IN (SELECT {} FROM {})")
+    target_rows, target_md5 = one(checksum, columns, relation, within.format(key, key, sql.Identifier("tb_expected")))
+    load("tb_present", table.key, table.present)
+    load("tb_gone", table.key, table.gone)
+    count = sql.SQL("SELECT count(*) FROM {} {}")
+    target_keys, = one(count, relation, within.format(key, key, sql.Identifier("tb_present")))
+    gone_present, = one(count, relation, within.format(key, key, sql.Identifier("tb_gone")))
+    return (table.name, target_rows, expected_rows, target_md5, expected_md5, target_keys, len(table.present),
+            gone_present)

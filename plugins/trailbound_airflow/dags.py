@@ -59,7 +59,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             application_args=[group, "--until", "{{ data_interval_end.isoformat() }}"],
             conf=SPARK_CONF, name=f"trailbound-capture-{group}")
 
-        @task(outlets=[trail_asset(trail)])
+        @task(outlets=[trail_asset(trail)], retries=0)  # a data check: retrying finds the same data
         def validate_trail(after_seqno: int) -> str:
             """Great Expectations on the new trail files: commit order, indicators, no
             rolled-back transaction, record counts."""
@@ -96,49 +96,60 @@ def monitor_dag(*, dag_id: str, doc_md: str, group: str, interval: timedelta, st
     return dag
 
 
-CONTROL_COMMANDS = ["skiptrans", "forcetrans", "brreset", "alter_extract_begin"]
+# Control commands, each one `trailbound` (GGSCI-like) command line: the UI and the shell
+# speak one language, and the CLI's validation and messages serve both. name ->
+# (kind of group it takes, how it reads the argument, the command line).
+CONTROL_COMMANDS = {
+    "skiptrans": ("extract", "XID", lambda g, a: ["send", "extract", g, "skiptrans", a]),
+    "forcetrans": ("extract", "XID", lambda g, a: ["send", "extract", g, "forcetrans", a]),
+    "showtrans": ("extract", "", lambda g, a: ["send", "extract", g, "showtrans"]),
+    "brreset": ("extract", "", lambda g, a: ["start", "extract", g, "--brreset"]),
+    "alter_extract_begin": ("extract", "now | TIME | scn N", lambda g, a: ["alter", "extract", g, "begin", *a.split()]),
+    "register_logretention": ("extract", "", lambda g, a: ["register", "extract", g, "logretention"]),
+    "unregister_logretention": ("extract", "", lambda g, a: ["unregister", "extract", g, "logretention"]),
+    "alter_replicat": ("replicat", "atcsn N | aftercsn N | extseqno S extrba R",
+                       lambda g, a: ["alter", "replicat", g, *a.split()]),
+    "info": ("any", "", None),
+}
 
 
-def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: list[str]) -> DAG:
-    """Manual control from the UI: one validated command per run, recorded as a directive
-    (or applied) through the engine; the result is the task's return value and log."""
+def control_command(command: str, group: str, argument: str, groups: dict[str, str]) -> list[str]:
+    """The command line a control run executes, or ValueError saying what is wrong."""
+    if command not in CONTROL_COMMANDS:
+        raise ValueError(f"unknown command {command!r}; one of {', '.join(CONTROL_COMMANDS)}")
+    kind, needs, build = CONTROL_COMMANDS[command]
+    if group not in groups:
+        raise ValueError(f"unknown group {group!r}; one of {', '.join(groups)}")
+    if kind != "any" and groups[group] != kind:
+        raise ValueError(f"{command} applies to a {kind} group; {group} is a {groups[group]}")
+    if needs and not argument.strip():
+        raise ValueError(f"{command} needs an argument: {needs}")
+    if build is None:  # info: the group's status and checkpoints
+        return ["info", groups[group], group, "--showch"]
+    return build(group, argument.strip())
+
+
+def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[str, str]) -> DAG:
+    """Manual control from the UI: one validated command per run, run through the engine
+    (recorded as a directive for the next run, or applied at once); the result is the
+    task's return value and log. `groups` maps each group name to extract/pump/replicat."""
+    names = sorted(groups)
     params = {
-        "command": Param("skiptrans", enum=CONTROL_COMMANDS, description="what to do"),
-        "group": Param(groups[0] if groups else "", enum=groups or [""], description="the group it applies to"),
-        "xid": Param("", type="string", maxLength=128, description="skiptrans/forcetrans: the transaction id"),
-        "value": Param("", type="string", description="alter_extract_begin: now | TIME | scn N"),
+        "command": Param("showtrans", enum=list(CONTROL_COMMANDS), description="what to do: "
+                         + "; ".join(f"{name} ({kind}{', argument ' + needs if needs else ''})"
+                                     for name, (kind, needs, _) in CONTROL_COMMANDS.items())),
+        "group": Param(names[0] if names else "", enum=names or [""], description="the group it applies to"),
+        "argument": Param("", type="string", maxLength=256,
+                          description="XID for skiptrans/forcetrans; now|TIME|scn N for alter_extract_begin; "
+                                      "atcsn N|aftercsn N|extseqno S extrba R for alter_replicat"),
     }
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=None, start_date=start_date, catchup=False, params=params,
              tags=["trailbound", "control"], default_args={**DEFAULT_ARGS, "retries": 0}) as dag:
 
         @task
         def run_command(params: dict | None = None) -> str:
-            from trailbound.capture import directives
-
-            command, group, xid, value = params["command"], params["group"], params["xid"], params["value"]
-            hook = TrailboundHook()
-            with hook.store() as store:
-                if command in ("skiptrans", "forcetrans"):
-                    if not xid:
-                        raise ValueError(f"{command} needs an xid")
-                    result = directives.request(store, group, command, xid)
-                elif command == "brreset":
-                    result = directives.request(store, group, "brreset")
-                else:
-                    from trailbound.archive.catalog import ArchiveCatalog
-                    from trailbound.capture import checkpoints as ckpt
-                    from trailbound.capture.begin import resolve_begin
-                    from trailbound.capture.run import group_lock
-
-                    with group_lock(store, group):
-                        with store.transaction() as cur:
-                            state = ckpt.load(cur, group)
-                        scn = resolve_begin(value, ArchiveCatalog(store, state.source).segments())
-                        with store.transaction() as cur:
-                            ckpt.reposition(cur, state.group, scn, value)
-                    result = f"EXTRACT {group} altered: begin {value} (scn {scn})"
-            print(result)
-            return result
+            argv = control_command(params["command"], params["group"], params["argument"], groups)
+            return TrailboundHook().run_command(argv)
 
         run_command()
     return dag
@@ -165,13 +176,15 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
                                     conn_id="spark_default", application_args=[group], conf=SPARK_CONF,
                                     name=f"trailbound-replicat-{group}")
 
-        @task
+        @task(retries=0)
         def check_replica() -> str:
             """Row counts and per-table checksums of the target against what the applied
-            trail says should be there (or the simulator's truth file, when configured)."""
+            trail says should be there (or the source's truth file, once applied through)."""
             from trailbound import quality
 
-            report = quality.validate_replica(TrailboundHook().config, group)
+            hook = TrailboundHook()
+            with hook.store() as store:
+                report = quality.validate_replica(hook.config, store, group)
             if not report.success:
                 raise ValueError(report.describe())
             return report.describe()

@@ -3,11 +3,13 @@ metadata store. The connection is resolved lazily, never in __init__."""
 
 from __future__ import annotations
 
+import io
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from typing import Iterator
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException
 
 from trailbound import config as configuration
 from trailbound.metadata import MetadataStore
@@ -35,15 +37,39 @@ class TrailboundHook(BaseHook):
             self._config = configuration.load(self.config_path or os.environ.get(configuration.CONFIG_ENV))
         return self._config
 
-    def dsn(self) -> str:
+    def _connection_dsn(self, conn_id: str, dsn_env: str) -> str | None:
+        """The DSN of an Airflow connection, else of the variable the configuration names."""
         try:
-            connection = self.get_connection(self.trailbound_conn_id)
+            connection = self.get_connection(conn_id)
         except Exception:  # not defined: the jobs' own variable, as the CLI uses it
-            from trailbound.metadata import dsn_from_env
-
-            return dsn_from_env(self.config.metadata.dsn_env)
+            return os.environ.get(dsn_env)
         uri = connection.get_uri()
         return "postgresql://" + uri.split("://", 1)[1] if "://" in uri else uri
+
+    def dsn(self) -> str:
+        from trailbound.metadata import dsn_from_env
+
+        metadata = self.config.metadata
+        return self._connection_dsn(self.trailbound_conn_id, metadata.dsn_env) or dsn_from_env(metadata.dsn_env)
+
+    def run_command(self, argv: list[str]) -> str:
+        """Run one `trailbound` command line (the same verbs as the CLI, so the UI and the
+        shell speak one language) against the stores this hook resolves; return what it
+        printed, or raise with it when the command fails."""
+        from trailbound import cli
+
+        config = self.config
+        os.environ[config.metadata.dsn_env] = self.dsn()
+        target = self._connection_dsn(config.target.conn_id, config.target.dsn_env)
+        if target:
+            os.environ[config.target.dsn_env] = target
+        output = io.StringIO()
+        with redirect_stdout(output), redirect_stderr(output):
+            status = cli.main([*(["--config", self.config_path] if self.config_path else []), *argv])
+        self.log.info("trailbound %s\n%s", " ".join(argv), output.getvalue())
+        if status != 0:
+            raise AirflowException(f"trailbound {' '.join(argv)} failed: {output.getvalue().strip()}")
+        return output.getvalue().strip()
 
     @contextmanager
     def store(self) -> Iterator[MetadataStore]:
