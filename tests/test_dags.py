@@ -18,6 +18,7 @@ import pytest
 
 from capture_kit import T0, committed_trail, transactions
 from test_bounded_recovery import long_running_archive
+from trailbound import cli
 from trailbound import config as configuration
 from trailbound import dagfiles
 
@@ -100,64 +101,117 @@ def test_every_dag_imports_with_its_tasks_and_schedule_and_opens_no_connection(t
     assert dags["capture_ext1"]["max_active_runs"] == 1 and dags["capture_ext1"]["doc"]
     assert dags["longtrans_ext1"]["tasks"] == ["long_running_transactions"]
     assert dags["control"]["tasks"] == ["run_command"]
+    assert dags["pump_pmp1"]["tasks"] == ["pump"]
+    assert dags["replicat_rep1"]["tasks"] == ["check_replica", "replicat"]
+    assert dags["retention"]["tasks"] == ["purge_archive"]
+    assert "AssetTriggeredTimetable" in dags["pump_pmp1"]["schedule"], "pump runs when its trail is published"
+    assert "AssetTriggeredTimetable" in dags["replicat_rep1"]["schedule"]
+    assert dags["retention"]["schedule"] == "DeltaDataIntervalTimetable(delta=datetime.timedelta(seconds=14400))"
+    assert "NullTimetable" in dags["control"]["schedule"], "control runs only when triggered"
     assert dags["capture_ext1"]["schedule"] == "DeltaDataIntervalTimetable(delta=datetime.timedelta(seconds=900))"
     assert catcher.connections == 0, "parsing DAG files must not connect anywhere"
 
 
-@pytest.fixture
-def airflow_world(tmp_path, store, spark):
-    """An archive with a long transaction, its configuration and DAG files, and an
-    initialised Airflow home; returns a runner for `airflow dags test`."""
-    long_running_archive(tmp_path, total_hours=8, commit_hour=7)
+def write_world(tmp_path: Path, *, long_xids=("LONG",), commit_hour=7, total_hours=8) -> Path:
+    """An archive with long transactions, a truth file of what the replica must end as
+    (the short transactions S<h> and the long ones except SKIPME), and a configuration
+    with capture, pump and replicat."""
+    long_running_archive(tmp_path, total_hours=total_hours, long_xids=long_xids, commit_hour=commit_hour)
+    rows = [{"id": 100_000 + h, "note": f"n{100_000 + h}"} for h in range(total_hours)]
+    rows += [{"id": 1000 * (n + 1) + h, "note": f"n{1000 * (n + 1) + h}"} for n, xid in enumerate(long_xids)
+             if xid != "SKIPME" for h in range(commit_hour)]
+    last_csn = max(h * 3600 + 20 for h in range(total_hours))
+    last_csn = max([last_csn] + [commit_hour * 3600 + 1900 + n for n, xid in enumerate(long_xids) if xid != "SKIPME"])
+    (tmp_path / "truth.json").write_text(json.dumps({"last_csn": last_csn, "tables": {
+        "shop.orders": {"columns": ["id", "note"], "rows": sorted(rows, key=lambda r: r["id"])}}}))
     config_path = tmp_path / "trailbound.yaml"
     config_path.write_text(
-        f"home: {tmp_path}\nsources:\n  SRC:\n    altarchivelogdest: archive\n"
+        f"home: {tmp_path}\nsources:\n  SRC:\n    altarchivelogdest: archive\n    truth: truth.json\n"
         "extracts:\n  EXT1:\n    source: SRC\n    exttrail: dirdat/lt\n    table: ['shop.*']\n    interval: 1h\n"
         "    br:\n      brdir: brfiles\n      brinterval: 1h\n"
         "    warnlongtrans:\n      duration: 3h\n      checkinterval: 1h\n"
+        "pumps:\n  PMP1:\n    exttrail: dirdat/lt\n    rmttrail: remote/rt\n"
+        "replicats:\n  REP1:\n    exttrail: remote/rt\n    source: SRC\n    map: [{source: 'shop.*', target: 'shop.*'}]\n"
         f"airflow:\n  start_date: {T0.isoformat()}\n")
-    config = configuration.load(config_path)
-    dags = tmp_path / "dags"
-    dagfiles.generate(config, dags)
-    env = airflow_env(tmp_path / "airflow", dags, {
-        "TRAILBOUND_CONFIG": str(config_path), "TRAILBOUND_METADATA_DSN": store.connection.dsn,
-        "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(store.connection.dsn)})
-    migrated = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True,
-                              timeout=300)
-    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    return config_path
 
-    def dags_test(dag_id: str, hour: int, conf: dict | None = None) -> tuple[str, str]:
+
+class AirflowWorld:
+    """A configuration, its generated DAG files, an initialised Airflow home and the
+    environment every Airflow command of the test runs in."""
+
+    def __init__(self, tmp_path: Path, config_path: Path, metadata_dsn: str, target_dsn: str):
+        self.config_path = config_path
+        self.config = configuration.load(config_path)
+        self.dags = tmp_path / "dags"
+        dagfiles.generate(self.config, self.dags)
+        self.home = tmp_path / "airflow"
+        self.env = airflow_env(self.home, self.dags, {
+            "TRAILBOUND_CONFIG": str(config_path), "TRAILBOUND_METADATA_DSN": metadata_dsn,
+            "TRAILBOUND_TARGET_DSN": target_dsn, "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(metadata_dsn)})
+        self.airflow("db", "migrate")
+
+    def airflow(self, *args: str, timeout: int = 300) -> str:
+        done = subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+        assert done.returncode == 0, f"airflow {' '.join(args)}: {(done.stdout + done.stderr)[-3000:]}"
+        return done.stdout + done.stderr
+
+    def dags_test(self, dag_id: str, hour: int, conf: dict | None = None) -> tuple[str, str]:
+        """`airflow dags test` for the interval ending `hour` hours after T0."""
         command = [str(VENV_BIN / "airflow"), "dags", "test", dag_id, (T0 + timedelta(hours=hour)).isoformat()]
         if conf:
             command += ["--conf", json.dumps(conf)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=600)
         output = done.stdout + done.stderr
         finished = [line for line in output.splitlines() if "DagRun Finished" in line]
         assert finished, output[-3000:]
         return ("success" if "state=success" in finished[-1] else "failed"), output
 
-    return config, dags_test
+
+def replica_rows(target_dsn: str) -> list[tuple]:
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT id, note FROM shop.orders ORDER BY id")
+        return cur.fetchall()
 
 
-def test_capture_monitor_and_control_dags_end_to_end(airflow_world, store):
-    config, dags_test = airflow_world
-    state, output = dags_test("capture_ext1", 4)
+def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path, store, target_dsn, monkeypatch):
+    config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    assert cli.main(["--config", str(config_path), "target", "create"]) == 0
+
+    state, output = world.dags_test("capture_ext1", 4)
     assert state == "success", output[-3000:]
     assert "PASSED: " in output, "the Great Expectations validation ran on the new trail files"
-    assert [xid for xid, _ in transactions(committed_trail(store, config))] == ["S0", "S1", "S2", "S3"]
+    assert [xid for xid, _ in transactions(committed_trail(store, world.config))] == ["S0", "S1", "S2", "S3"]
 
-    state, output = dags_test("longtrans_ext1", 4)
-    assert state == "failed", "the monitor alerts: LONG is open 3.5 h, the limit is 3 h"
-    assert "'LONG'" in output and "start position 1:1:2" in output
+    state, output = world.dags_test("longtrans_ext1", 4)
+    assert state == "failed", "the monitor alerts: LONG and SKIPME are open 3.5 h, the limit is 3 h"
+    assert "'LONG'" in output and "'SKIPME'" in output and "start position 1:1:2" in output
 
-    state, output = dags_test("control", 4, {"command": "skiptrans", "group": "EXT1", "xid": "LONG", "value": ""})
+    state, output = world.dags_test("control", 4, {"command": "skiptrans", "group": "EXT1", "argument": "SKIPME"})
     assert state == "success" and "recorded as directive" in output
-    state, _ = dags_test("capture_ext1", 5)
-    assert state == "success"
-    state, output = dags_test("longtrans_ext1", 5)
-    assert state == "success", "quiet once the long transaction is skipped"
+    state, output = world.dags_test("control", 4, {"command": "skiptrans", "group": "REP1", "argument": "X"})
+    assert state == "failed" and "skiptrans applies to a extract group; REP1 is a replicat" in output
 
-    state, _ = dags_test("capture_ext1", 8)
-    assert state == "success"
-    written = [xid for xid, _ in transactions(committed_trail(store, config))]
-    assert written == [f"S{h}" for h in range(8)], "the skipped transaction never reaches the trail"
+    for dag_id in ("pump_pmp1", "replicat_rep1"):
+        state, output = world.dags_test(dag_id, 4)
+        assert state == "success", output[-3000:]
+    assert "PASSED: 1 target tables against the trail as applied through" in output
+    assert replica_rows(target_dsn) == [(100_000 + h, f"n{100_000 + h}") for h in range(4)]
+
+    for dag_id in ("capture_ext1", "longtrans_ext1", "pump_pmp1", "replicat_rep1"):
+        state, output = world.dags_test(dag_id, 8)
+        assert state == "success", f"{dag_id}: {output[-3000:]}"
+    assert "PASSED: 1 target tables against truth.json (complete state)" in output
+    written = [xid for xid, _ in transactions(committed_trail(store, world.config))]
+    assert written == ["S0", "S1", "S2", "S3", "S4", "S5", "S6", "S7", "LONG"], \
+        "the skipped transaction never reaches the trail"
+    truth = json.loads((tmp_path / "truth.json").read_text())["tables"]["shop.orders"]["rows"]
+    assert replica_rows(target_dsn) == [(row["id"], row["note"]) for row in truth]
+
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("UPDATE shop.orders SET note = 'changed behind replicat' WHERE id = 1003")
+    state, output = world.dags_test("replicat_rep1", 8)
+    assert state == "failed" and "differing: shop.orders" in output, "the replica check notices a changed row"
