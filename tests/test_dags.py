@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +23,10 @@ from test_bounded_recovery import long_running_archive
 from trailbound import cli
 from trailbound import config as configuration
 from trailbound import dagfiles
+from trailbound import trail
+from trailbound.capture import checkpoints as capture_checkpoints
+from trailbound.capture.run import run_extract
+from trailbound.metadata import MetadataStore
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -215,3 +221,82 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
         cur.execute("UPDATE shop.orders SET note = 'changed behind replicat' WHERE id = 1003")
     state, output = world.dags_test("replicat_rep1", 8)
     assert state == "failed" and "differing: shop.orders" in output, "the replica check notices a changed row"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def list_runs(world: AirflowWorld, dag_id: str) -> list[dict]:
+    output = world.airflow("dags", "list-runs", dag_id, "--output", "json")
+    return json.loads(output[output.index("[{"):output.rindex("}]") + 2]) if "[{" in output else []
+
+
+def trail_contents(directory: Path) -> list[tuple[str, list[dict]]]:
+    """Each committed trail file's name and records, for comparing two trails."""
+    return [(path.name, trail.read_file(path).to_pylist()) for path in sorted(directory.glob("lt*"))]
+
+
+def test_a_backfill_over_three_intervals_gives_the_trail_of_three_scheduled_runs_and_reruns_are_no_ops(
+        tmp_path, spark, store, new_metadata_database):
+    # Scheduled runs, as their job runs them: capture with --until each interval's end.
+    scheduled = tmp_path / "scheduled"
+    scheduled.mkdir()
+    config = configuration.load(write_world(scheduled, total_hours=4, commit_hour=3))
+    for hour in (1, 2, 3):
+        run_extract(spark, store, config, "EXT1", until=T0 + timedelta(hours=hour))
+
+    # The same archive, backfilled through Airflow: `airflow backfill create` queues one run
+    # per interval and a real scheduler (LocalExecutor, the API server for task execution)
+    # runs them; the scheduler makes no runs of its own (use_job_schedule off).
+    backfilled = tmp_path / "backfilled"
+    backfilled.mkdir()
+    world = AirflowWorld(backfilled, write_world(backfilled, total_hours=4, commit_hour=3), new_metadata_database(),
+                         "postgresql://nobody@127.0.0.1:1/none")
+    api_port = free_port()
+    world.env.update({"AIRFLOW__API__PORT": str(api_port), "AIRFLOW__API__HOST": "127.0.0.1",
+                      "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+                      "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                      "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
+    world.airflow("dags", "reserialize")
+    world.airflow("dags", "unpause", "capture_ext1")
+    world.airflow("backfill", "create", "--dag-id", "capture_ext1", "--from-date", T0.isoformat(),
+                  "--to-date", (T0 + timedelta(hours=2)).isoformat(), "--max-active-runs", "1",
+                  "--reprocess-behavior", "failed")
+    servers = [subprocess.Popen([str(VENV_BIN / "airflow"), command], env=world.env, stdout=log, stderr=log,
+                                start_new_session=True)
+               for command, log in (("api-server", open(backfilled / "api-server.log", "w")),
+                                    ("scheduler", open(backfilled / "scheduler.log", "w")))]
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            runs = list_runs(world, "capture_ext1")
+            states = sorted(run["state"] for run in runs)
+            if states == ["success"] * 3 or "failed" in states or time.monotonic() > deadline:
+                break
+            time.sleep(5)
+    finally:
+        for server in servers:
+            os.killpg(server.pid, signal.SIGTERM)
+        for server in servers:
+            server.wait(timeout=60)
+    assert states == ["success"] * 3, (backfilled / "scheduler.log").read_text()[-3000:]
+    assert sorted(run["logical_date"][:19] for run in runs) == [
+        (T0 + timedelta(hours=h)).isoformat()[:19] for h in range(3)], "one run per interval"
+
+    expected = trail_contents(scheduled / "dirdat")
+    assert [name for name, _ in expected] == ["lt000000001", "lt000000002", "lt000000003"]
+    assert trail_contents(backfilled / "dirdat") == expected, "the backfill wrote the scheduled runs' trail"
+
+    # Running a past interval again changes nothing: no trail file, the same checkpoints.
+    with MetadataStore.open(world.env["TRAILBOUND_METADATA_DSN"]) as backfill_store:
+        with backfill_store.transaction() as cur:
+            before = capture_checkpoints.load(cur, "EXT1")
+        state, output = world.dags_test("capture_ext1", 2)
+        assert state == "success", output[-3000:]
+        with backfill_store.transaction() as cur:
+            after = capture_checkpoints.load(cur, "EXT1")
+    assert trail_contents(backfilled / "dirdat") == expected
+    assert (after.write, after.read_scn) == (before.write, before.read_scn)
