@@ -88,7 +88,7 @@ def validate_trail_files(files: list[Path], segments: list[Segment]) -> QualityR
     frame["in_commit_order"] = _in_order(frame)
     frame["indicator_well_formed"] = _indicators_ok(frame)
 
-    context = gx.get_context(mode="ephemeral")
+    context = _context()
     batch = (context.data_sources.add_pandas("trail").add_dataframe_asset(name="records")
              .add_batch_definition_whole_dataframe("new files").get_batch(batch_parameters={"dataframe": frame}))
     suite = context.suites.add(gx.ExpectationSuite(name="trail"))
@@ -110,9 +110,21 @@ def validate_trail_files(files: list[Path], segments: list[Segment]) -> QualityR
     return report
 
 
+def _context():
+    """An in-memory Great Expectations context without progress bars: they would fill
+    task logs with carriage-return noise."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
 def _column(config) -> str:
-    column = config.kwargs.get("column")
-    return f"({column})" if column else ""
+    kwargs = config.kwargs
+    columns = [kwargs[k] for k in ("column", "column_A", "column_B") if kwargs.get(k)]
+    return f"({', '.join(columns)})" if columns else ""
 
 
 def _copy_text(value) -> str:
@@ -172,7 +184,7 @@ def validate_replica(config, store, group: str) -> QualityReport:
         connection.close()
     frame = pd.DataFrame(results, columns=["table", "target_rows", "expected_rows", "target_md5", "expected_md5",
                                            "target_keys", "expected_keys", "gone_but_present"])
-    context = gx.get_context(mode="ephemeral")
+    context = _context()
     batch = (context.data_sources.add_pandas("replica").add_dataframe_asset(name="tables")
              .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
     suite = context.suites.add(gx.ExpectationSuite(name="replica"))
