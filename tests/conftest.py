@@ -6,6 +6,11 @@ at the end. Each test that needs the metadata store gets its own database, clone
 template that the project's own migrations built once per session.
 
 Spark: one local[2] session for the whole run, UI off; starting one costs seconds.
+
+Scheduling: the suite runs on pytest-xdist workers (pyproject.toml). Tests marked
+`long_running(seconds)` are started first, longest first, so that the long ones run side
+by side rather than one after another at the end; the seconds are a rough ordering hint,
+never an assertion.
 """
 
 from __future__ import annotations
@@ -17,11 +22,27 @@ from pathlib import Path
 import psycopg2
 import psycopg2.extensions
 import pytest
+from psycopg2 import sql
 
 from trailbound.localpg import LocalServer
 from trailbound.metadata import MetadataStore
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first (see the module's docstring). xdist's load scheduler hands each
+    worker two tests to begin with, so the first 2 x workers places are dealt so that
+    each worker begins with one of the longest."""
+    def seconds(item) -> float:
+        marker = item.get_closest_marker("long_running")
+        return marker.args[0] if marker else 0
+
+    ordered = sorted(items, key=seconds, reverse=True)  # stable: the rest keep their order
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    head = ordered[:2 * workers]
+    dealt = [head[i // 2 + (i % 2) * workers] for i in range(len(head))] if len(head) == 2 * workers else head
+    items[:] = dealt + ordered[2 * workers:]
 
 
 def _admin(dsn: str):
@@ -52,13 +73,13 @@ def metadata_template(pg_server_dsn):
     name = f"tb_template_{os.getpid()}"
     admin = _admin(pg_server_dsn)
     with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        cur.execute(f'CREATE DATABASE "{name}"')
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     store = MetadataStore.open(psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name))
     store.close()
     yield name
     with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
     admin.close()
 
 
@@ -66,13 +87,14 @@ def _fresh_database(pg_server_dsn: str, template: str | None = None):
     name = f"tb_test_{uuid.uuid4().hex[:12]}"
     admin = _admin(pg_server_dsn)
     with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+                    + (sql.SQL(" TEMPLATE {}").format(sql.Identifier(template)) if template else sql.SQL("")))
     return name, admin
 
 
 def _drop(admin, name: str) -> None:
     with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     admin.close()
 
 

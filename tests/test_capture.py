@@ -59,6 +59,7 @@ def test_rollbacks_and_rolled_back_savepoints_leave_no_trace(tmp_path, spark, st
     assert transactions(committed_trail(store, config)) == [("T1", [1, 3, 7])]
 
 
+@pytest.mark.long_running(20)
 def test_a_transaction_open_across_many_runs_is_written_once_whole(tmp_path, spark, store):
     archive = new_archive(tmp_path)
     config = load_config(tmp_path)
@@ -161,6 +162,7 @@ def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
         return committed_trail(reference_store, config)
 
 
+@pytest.mark.long_running(40)
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_a_crash_at_any_point_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store, point,
                                                                          uninterrupted_trail):
@@ -246,6 +248,7 @@ def test_info_showch_and_logdump(tmp_path, spark, store, capsys, monkeypatch):
                                             "before": None, "after": '{"id":1,"note":"n1"}'}
 
 
+@pytest.mark.long_running(20)
 def test_capture_of_the_simulated_source_reproduces_its_truth(tmp_path, spark, store):
     """Many runs over a simulated busy source (3 threads, savepoints, long and open
     transactions, hostile xids, TRUNCATE, pk updates): replaying the trail in order gives

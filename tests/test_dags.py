@@ -138,6 +138,7 @@ def write_world(tmp_path: Path, *, long_xids=("LONG",), commit_hour=7, total_hou
         "    warnlongtrans:\n      duration: 3h\n      checkinterval: 1h\n"
         "pumps:\n  PMP1:\n    exttrail: dirdat/lt\n    rmttrail: remote/rt\n"
         "replicats:\n  REP1:\n    exttrail: remote/rt\n    source: SRC\n    map: [{source: 'shop.*', target: 'shop.*'}]\n"
+        "retention:\n  minkeephours: 1\n"
         f"airflow:\n  start_date: {T0.isoformat()}\n")
     return config_path
 
@@ -181,6 +182,7 @@ def replica_rows(target_dsn: str) -> list[tuple]:
         return cur.fetchall()
 
 
+@pytest.mark.long_running(300)
 def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path, store, target_dsn, monkeypatch):
     config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
     world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
@@ -200,6 +202,9 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     assert state == "success" and "recorded as directive" in output
     state, output = world.dags_test("control", 4, {"command": "skiptrans", "group": "REP1", "argument": "X"})
     assert state == "failed" and "skiptrans applies to a extract group; REP1 is a replicat" in output
+    state, output = world.dags_test("control", 4, {"command": "register_logretention", "group": "EXT1",
+                                                   "argument": ""})
+    assert state == "success" and "EXTRACT EXT1 registered with logretention" in output
 
     for dag_id in ("pump_pmp1", "replicat_rep1"):
         state, output = world.dags_test(dag_id, 4)
@@ -216,6 +221,14 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
         "the skipped transaction never reaches the trail"
     truth = json.loads((tmp_path / "truth.json").read_text())["tables"]["shop.orders"]["rows"]
     assert replica_rows(target_dsn) == [(row["id"], row["note"]) for row in truth]
+
+    segments = sorted(path.name for path in (tmp_path / "archive").glob("arch_*.parquet"))
+    state, output = world.dags_test("retention", 8)
+    assert state == "success" and "Source SRC (retention run #1)" in output, output[-3000:]
+    left = sorted(path.name for path in (tmp_path / "archive").glob("arch_*.parquet"))
+    assert "arch_1_000000001.parquet" in segments and "arch_1_000000001.parquet" not in left, \
+        "retention purged the segments every registered capture is past"
+    assert left and set(left) < set(segments), "the newest hour of log stays (minkeephours 1)"
 
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
         cur.execute("UPDATE shop.orders SET note = 'changed behind replicat' WHERE id = 1003")
@@ -239,6 +252,7 @@ def trail_contents(directory: Path) -> list[tuple[str, list[dict]]]:
     return [(path.name, trail.read_file(path).to_pylist()) for path in sorted(directory.glob("lt*"))]
 
 
+@pytest.mark.long_running(180)
 def test_a_backfill_over_three_intervals_gives_the_trail_of_three_scheduled_runs_and_reruns_are_no_ops(
         tmp_path, spark, store, new_metadata_database):
     # Scheduled runs, as their job runs them: capture with --until each interval's end.

@@ -371,6 +371,7 @@ def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_ds
 
 # ---------------------------------------------------------------- crashes
 
+@pytest.mark.long_running(45)
 @pytest.mark.parametrize("point", ["after_target_commit", "mid_copy", "between_groups"])
 def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark, point):
     config_path = write_config(tmp_path, home=captured.directory, grouptransops=300, megabytes=0.1)
