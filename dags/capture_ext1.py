@@ -22,4 +22,5 @@ dag = capture_dag(
     interval=timedelta(seconds=900),
     start_date=datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc),
     trail='var/dirdat/lt',
+    on_failure_callbacks=['trailbound_airflow.alerts.log_alert'],
 )

@@ -19,4 +19,5 @@ dag = control_dag(
     doc_md=__doc__,
     start_date=datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc),
     groups={'EXT1': 'extract', 'PMP1': 'pump', 'REP1': 'replicat'},
+    on_failure_callbacks=['trailbound_airflow.alerts.log_alert'],
 )

@@ -19,4 +19,5 @@ dag = monitor_dag(
     group='EXT1',
     interval=timedelta(seconds=900),
     start_date=datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc),
+    on_failure_callbacks=['trailbound_airflow.alerts.log_alert'],
 )

@@ -19,4 +19,5 @@ dag = pump_dag(
     start_date=datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc),
     source_trail='var/dirdat/lt',
     remote_trail='var/remote/rt',
+    on_failure_callbacks=['trailbound_airflow.alerts.log_alert'],
 )

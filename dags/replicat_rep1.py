@@ -19,4 +19,5 @@ dag = replicat_dag(
     group='REP1',
     start_date=datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc),
     trail='var/remote/rt',
+    on_failure_callbacks=['trailbound_airflow.alerts.log_alert'],
 )

@@ -17,4 +17,5 @@ dag = retention_dag(
     doc_md=__doc__,
     interval=timedelta(seconds=14400),
     start_date=datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc),
+    on_failure_callbacks=['trailbound_airflow.alerts.log_alert'],
 )

@@ -62,3 +62,10 @@ def test_durations_in_goldengate_style(text, expected):
 def test_a_bad_duration_says_what_is_expected():
     with pytest.raises(ValueError, match="like 20m, 4h or 2d"):
         config.parse_duration("four hours")
+
+
+def test_a_failure_callback_must_be_a_dotted_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"airflow\.on_failure_callbacks: .*'alerts/page.py' is not a dotted path"):
+        config.load(write(tmp_path, "airflow:\n  on_failure_callbacks: [alerts/page.py]\n"))
+    none = write(tmp_path, "sources:\n  SRC:\n    altarchivelogdest: /x\nairflow:\n  on_failure_callbacks: []\n")
+    assert config.load(none).airflow.on_failure_callbacks == ()

@@ -60,7 +60,8 @@ def parse_in_subprocess(dags: Path, env: dict) -> dict:
         f"bag = DagBag(dag_folder={str(dags)!r})\n"
         "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()}, 'dags': {\n"
         "    d.dag_id: {'tasks': sorted(t.task_id for t in d.tasks), 'schedule': repr(d.timetable),\n"
-        "               'doc': bool(d.doc_md), 'max_active_runs': d.max_active_runs} for d in bag.dags.values()}}))\n")
+        "               'doc': bool(d.doc_md), 'max_active_runs': d.max_active_runs,\n"
+        "               'alerts': d.has_on_failure_callback} for d in bag.dags.values()}}))\n")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -115,6 +116,7 @@ def test_every_dag_imports_with_its_tasks_and_schedule_and_opens_no_connection(t
     assert dags["retention"]["schedule"] == "DeltaDataIntervalTimetable(delta=datetime.timedelta(seconds=14400))"
     assert "NullTimetable" in dags["control"]["schedule"], "control runs only when triggered"
     assert dags["capture_ext1"]["schedule"] == "DeltaDataIntervalTimetable(delta=datetime.timedelta(seconds=900))"
+    assert all(dag["alerts"] for dag in dags.values()), "every DAG fires the configured failure callbacks"
     assert catcher.connections == 0, "parsing DAG files must not connect anywhere"
 
 
@@ -139,8 +141,20 @@ def write_world(tmp_path: Path, *, long_xids=("LONG",), commit_hour=7, total_hou
         "pumps:\n  PMP1:\n    exttrail: dirdat/lt\n    rmttrail: remote/rt\n"
         "replicats:\n  REP1:\n    exttrail: remote/rt\n    source: SRC\n    map: [{source: 'shop.*', target: 'shop.*'}]\n"
         "retention:\n  minkeephours: 1\n"
-        f"airflow:\n  start_date: {T0.isoformat()}\n")
+        f"airflow:\n  start_date: {T0.isoformat()}\n"
+        "  on_failure_callbacks: [trailbound_airflow.alerts.log_alert, pager.page]\n")
+    # A user's notifier: records each page beside it.
+    (tmp_path / "pager.py").write_text(
+        "import json, pathlib\n"
+        "def page(context):\n"
+        "    with open(pathlib.Path(__file__).with_name('pages.jsonl'), 'a') as pages:\n"
+        "        pages.write(json.dumps([context['dag_run'].dag_id, context['ti'].task_id]) + '\\n')\n")
     return config_path
+
+
+def pages(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "pages.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 class AirflowWorld:
@@ -155,7 +169,8 @@ class AirflowWorld:
         self.home = tmp_path / "airflow"
         self.env = airflow_env(self.home, self.dags, {
             "TRAILBOUND_CONFIG": str(config_path), "TRAILBOUND_METADATA_DSN": metadata_dsn,
-            "TRAILBOUND_TARGET_DSN": target_dsn, "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(metadata_dsn)})
+            "TRAILBOUND_TARGET_DSN": target_dsn, "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(metadata_dsn),
+            "PYTHONPATH": f"{REPO / 'plugins'}{os.pathsep}{config_path.parent}"})
         self.airflow("db", "migrate")
 
     def airflow(self, *args: str, timeout: int = 300) -> str:
@@ -197,6 +212,8 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     state, output = world.dags_test("longtrans_ext1", 4)
     assert state == "failed", "the monitor alerts: LONG and SKIPME are open 3.5 h, the limit is 3 h"
     assert "'LONG'" in output and "'SKIPME'" in output and "start position 1:1:2" in output
+    assert "trailbound alert: DAG longtrans_ext1 run" in output and "task long_running_transactions" in output
+    assert pages(tmp_path) == [["longtrans_ext1", "long_running_transactions"]], "the configured notifier fired"
 
     state, output = world.dags_test("control", 4, {"command": "skiptrans", "group": "EXT1", "argument": "SKIPME"})
     assert state == "success" and "recorded as directive" in output
@@ -234,6 +251,8 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
         cur.execute("UPDATE shop.orders SET note = 'changed behind replicat' WHERE id = 1003")
     state, output = world.dags_test("replicat_rep1", 8)
     assert state == "failed" and "differing: shop.orders" in output, "the replica check notices a changed row"
+    assert pages(tmp_path) == [["longtrans_ext1", "long_running_transactions"], ["control", "run_command"],
+                               ["replicat_rep1", "check_replica"]], "every failed run paged; no successful one did"
 
 
 def free_port() -> int:

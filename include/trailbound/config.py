@@ -230,6 +230,17 @@ class AirflowConfig(_Section):
 
     start_date: datetime = datetime(2026, 11, 1, tzinfo=timezone.utc)  # first data interval of every schedule
     retention_interval: Duration = timedelta(hours=4)                  # how often the retention DAG runs
+    # Called when any run of a trailbound DAG fails (the long-transaction monitor's alert
+    # among them): dotted paths to functions or notifier instances importable in Airflow.
+    on_failure_callbacks: tuple[str, ...] = ("trailbound_airflow.alerts.log_alert",)
+
+    @field_validator("on_failure_callbacks")
+    @classmethod
+    def _dotted_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        for path in paths:
+            if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", path):
+                raise ValueError(f"{path!r} is not a dotted path to a callable (package.module.name)")
+        return paths
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)B?\s*$", re.IGNORECASE)

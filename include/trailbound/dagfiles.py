@@ -60,6 +60,7 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
     """File name -> content for every DAG the configuration implies."""
     files: dict[str, str] = {}
     start = config.airflow.start_date
+    alerts = list(config.airflow.on_failure_callbacks)
     for name, extract in config.extracts.items():
         source = config.source_name(extract.source)
         trail = _trail(str(extract.exttrail))
@@ -69,32 +70,35 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             "batch up to the interval's end (spark-submit jobs/extract.py --until), validates\n"
             "the new trail files with Great Expectations and publishes the trail as an Asset.\n"
             "Bounded Recovery checkpoints happen in the runs that cross a BR boundary.",
-            "capture_dag", group=name, source=source, interval=extract.interval, start_date=start, trail=trail)
+            "capture_dag", group=name, source=source, interval=extract.interval, start_date=start, trail=trail,
+            on_failure_callbacks=alerts)
         files[f"longtrans_{name.lower()}.py"] = _render(
             f"Long-running transaction monitor for {name} (WARNLONGTRANS {extract.warnlongtrans.duration}).",
             "Waits until capture has read past the data interval, then fails, naming each\n"
             "transaction open longer than the limit (xid, age, start position), which fires\n"
             "the DAG's failure callbacks; quiet otherwise.",
-            "monitor_dag", group=name, interval=extract.interval, start_date=start)
+            "monitor_dag", group=name, interval=extract.interval, start_date=start, on_failure_callbacks=alerts)
     for name, pump in config.pumps.items():
         files[f"pump_{name.lower()}.py"] = _render(
             f"Pump {name}: ship trail {pump.exttrail} to {pump.rmttrail}.",
             "Runs whenever the trail it reads is published (and by hand): ships every committed\n"
             "file not shipped yet (spark-submit jobs/pump.py), then publishes the remote trail.",
             "pump_dag", group=name, start_date=start, source_trail=_trail(pump.exttrail),
-            remote_trail=_trail(pump.rmttrail))
+            remote_trail=_trail(pump.rmttrail), on_failure_callbacks=alerts)
     for name, replicat in config.replicats.items():
         files[f"replicat_{name.lower()}.py"] = _render(
             f"Replicat {name}: apply trail {replicat.exttrail} to the target, exactly once.",
             "Runs whenever the trail it reads is published (and by hand): applies it from the\n"
             "checkpoint (spark-submit jobs/replicat.py), then checks the replica with Great\n"
             "Expectations (row counts and checksums against the expected state).",
-            "replicat_dag", group=name, start_date=start, trail=_trail(replicat.exttrail))
+            "replicat_dag", group=name, start_date=start, trail=_trail(replicat.exttrail),
+            on_failure_callbacks=alerts)
     files["retention.py"] = _render(
         f"Archive-log retention, every {config.airflow.retention_interval}.",
         "Purges redo segments below the minimum SCN every registered capture still needs,\n"
         "honouring minkeephours, backups and the space limit; publishes what it did.",
-        "retention_dag", interval=config.airflow.retention_interval, start_date=start)
+        "retention_dag", interval=config.airflow.retention_interval, start_date=start,
+        on_failure_callbacks=alerts)
     groups = {**{name: "extract" for name in config.extracts}, **{name: "pump" for name in config.pumps},
               **{name: "replicat" for name in config.replicats}}
     files["control.py"] = _render(
@@ -103,7 +107,8 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
         "(SEND EXTRACT), brreset (START EXTRACT ... BRRESET), alter_extract_begin now|TIME|scn N,\n"
         "alter_replicat atcsn N|aftercsn N|extseqno S extrba R, register_logretention /\n"
         "unregister_logretention (REGISTER EXTRACT ... LOGRETENTION), info (INFO ... SHOWCH).",
-        "control_dag", start_date=start, groups=dict(sorted(groups.items())))
+        "control_dag", start_date=start, groups=dict(sorted(groups.items())),
+        on_failure_callbacks=alerts)
     return files
 
 

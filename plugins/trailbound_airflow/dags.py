@@ -9,7 +9,9 @@ the engine through TrailboundHook.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from importlib import import_module
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -30,18 +32,30 @@ SPARK_CONF = {
 DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(minutes=1), "owner": "trailbound"}
 
 
+def callbacks(paths: list[str]) -> list[Callable] | None:
+    """The configured failure callbacks (`airflow.on_failure_callbacks`, dotted paths to
+    functions or notifier instances), imported here: an import is not I/O, and a wrong
+    path is an import error the DAG list shows at once."""
+    found = []
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        found.append(getattr(import_module(module), name))
+    return found or None
+
+
 def trail_asset(trail: str) -> Asset:
     """The Asset a trail is published as: produced by its writer, scheduling its readers."""
     return Asset(name=f"trail {trail}", uri=f"trailbound://trail/{trail.strip('/')}")
 
 
 def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: timedelta, start_date: datetime,
-                trail: str) -> DAG:
+                trail: str, on_failure_callbacks: list[str] = ()) -> DAG:
     """Capture per extract group: wait until the archive covers the data interval, run
     one capture batch up to its end, validate the new trail files, publish the trail."""
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
              catchup=False, max_active_runs=1, tags=["trailbound", "capture", group],
-             default_args={**DEFAULT_ARGS, "depends_on_past": True}) as dag:
+             default_args={**DEFAULT_ARGS, "depends_on_past": True},
+             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
         wait = ArchiveCoversIntervalSensor(task_id="wait_for_archive", source=source, poke_interval=30,
                                            timeout=interval.total_seconds() * 4)
 
@@ -85,12 +99,12 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
 
 
 def monitor_dag(*, dag_id: str, doc_md: str, group: str, interval: timedelta, start_date: datetime,
-                on_failure_callback=None) -> DAG:
+                on_failure_callbacks: list[str] = ()) -> DAG:
     """Long-running transaction monitor per extract: alerts (fails, firing the DAG's
     failure callbacks) when a transaction is open longer than WARNLONGTRANS."""
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
              catchup=False, max_active_runs=1, tags=["trailbound", "monitor", group], default_args=DEFAULT_ARGS,
-             on_failure_callback=on_failure_callback) as dag:
+             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
         LongRunningTransactionSensor(task_id="long_running_transactions", group=group, poke_interval=60,
                                      timeout=interval.total_seconds() * 4, retries=0)
     return dag
@@ -129,7 +143,8 @@ def control_command(command: str, group: str, argument: str, groups: dict[str, s
     return build(group, argument.strip())
 
 
-def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[str, str]) -> DAG:
+def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[str, str],
+                on_failure_callbacks: list[str] = ()) -> DAG:
     """Manual control from the UI: one validated command per run, run through the engine
     (recorded as a directive for the next run, or applied at once); the result is the
     task's return value and log. `groups` maps each group name to extract/pump/replicat."""
@@ -144,7 +159,8 @@ def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[
                                       "atcsn N|aftercsn N|extseqno S extrba R for alter_replicat"),
     }
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=None, start_date=start_date, catchup=False, params=params,
-             tags=["trailbound", "control"], default_args={**DEFAULT_ARGS, "retries": 0}) as dag:
+             tags=["trailbound", "control"], default_args={**DEFAULT_ARGS, "retries": 0},
+             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
 
         @task
         def run_command(params: dict | None = None) -> str:
@@ -156,22 +172,25 @@ def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[
 
 
 def pump_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, source_trail: str,
-             remote_trail: str) -> DAG:
+             remote_trail: str, on_failure_callbacks: list[str] = ()) -> DAG:
     """Pump per group: runs when the trail it reads is published (and by hand), ships
     what is new, publishes the remote trail."""
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=[trail_asset(source_trail)], start_date=start_date,
-             catchup=False, max_active_runs=1, tags=["trailbound", "pump", group], default_args=DEFAULT_ARGS) as dag:
+             catchup=False, max_active_runs=1, tags=["trailbound", "pump", group], default_args=DEFAULT_ARGS,
+             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
         SparkSubmitOperator(task_id="pump", application=str(JOBS / "pump.py"), conn_id="spark_default",
                             application_args=[group], conf=SPARK_CONF, name=f"trailbound-pump-{group}",
                             outlets=[trail_asset(remote_trail)])
     return dag
 
 
-def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, trail: str) -> DAG:
+def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, trail: str,
+                 on_failure_callbacks: list[str] = ()) -> DAG:
     """Replicat per group: runs when the trail it applies is published (and by hand),
     applies it exactly once, then checks the replica with Great Expectations."""
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=[trail_asset(trail)], start_date=start_date, catchup=False,
-             max_active_runs=1, tags=["trailbound", "replicat", group], default_args=DEFAULT_ARGS) as dag:
+             max_active_runs=1, tags=["trailbound", "replicat", group], default_args=DEFAULT_ARGS,
+             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
         apply = SparkSubmitOperator(task_id="replicat", application=str(JOBS / "replicat.py"),
                                     conn_id="spark_default", application_args=[group], conf=SPARK_CONF,
                                     name=f"trailbound-replicat-{group}")
@@ -193,11 +212,13 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
     return dag
 
 
-def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: datetime) -> DAG:
+def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: datetime,
+                  on_failure_callbacks: list[str] = ()) -> DAG:
     """Archive-log retention: purge redo segments below the minimum SCN every registered
     capture still needs, honouring the policies; publishes what it did."""
     with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
-             catchup=False, max_active_runs=1, tags=["trailbound", "retention"], default_args=DEFAULT_ARGS) as dag:
+             catchup=False, max_active_runs=1, tags=["trailbound", "retention"], default_args=DEFAULT_ARGS,
+             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
 
         @task(outlets=[Asset(name="archive retention", uri="trailbound://retention/archive")])
         def purge_archive() -> str:
