@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -246,6 +247,13 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     assert "arch_1_000000001.parquet" in segments and "arch_1_000000001.parquet" not in left, \
         "retention purged the segments every registered capture is past"
     assert left and set(left) < set(segments), "the newest hour of log stays (minkeephours 1)"
+    with sqlite3.connect(world.home / "airflow.db") as airflow_db:
+        (extra,), = airflow_db.execute(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+            "WHERE a.uri = 'trailbound://retention/archive'").fetchall()
+    published = json.loads(extra)["SRC"]
+    assert published["purged_segments"] == len(segments) - len(left) and published["run_id"] == 1, \
+        "the retention Asset event says what was purged"
 
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
         cur.execute("UPDATE shop.orders SET note = 'changed behind replicat' WHERE id = 1003")

@@ -372,6 +372,14 @@ class RetentionResult:
     def purged(self) -> list[Decision]:
         return [d for o in self.sources for d in o.plan.purged]
 
+    def summary(self) -> dict:
+        """Per source, what the run did, as plain values (the retention Asset event's extra)."""
+        return {o.plan.source: {
+            "run_id": o.run_id, "required_scn": o.plan.required_scn,
+            "purged_segments": len(o.plan.purged), "purged_bytes": sum(d.segment.bytes for d in o.plan.purged),
+            "forced_segments": len(o.plan.forced), "kept_segments": len(o.plan.kept),
+            "remaining_bytes": o.plan.remaining_bytes, "alert": o.alert} for o in self.sources}
+
     def describe(self) -> str:
         verb = "would purge" if self.dry_run else "purged"
         lines = []

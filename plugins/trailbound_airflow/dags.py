@@ -220,13 +220,17 @@ def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: 
              catchup=False, max_active_runs=1, tags=["trailbound", "retention"], default_args=DEFAULT_ARGS,
              on_failure_callback=callbacks(on_failure_callbacks)) as dag:
 
-        @task(outlets=[Asset(name="archive retention", uri="trailbound://retention/archive")])
-        def purge_archive() -> str:
+        retention = Asset(name="archive retention", uri="trailbound://retention/archive")
+
+        @task(outlets=[retention])
+        def purge_archive(outlet_events=None) -> str:
+            """Purge; the Asset event carries what was purged and kept per source."""
             from trailbound.retention import run_retention
 
             hook = TrailboundHook()
             with hook.store() as store:
                 result = run_retention(store, hook.config)
+            outlet_events[retention].extra = result.summary()
             print(result.describe())
             return result.describe()
 
