@@ -180,6 +180,13 @@ class AirflowWorld:
         assert done.returncode == 0, f"airflow {' '.join(args)}: {(done.stdout + done.stderr)[-3000:]}"
         return done.stdout + done.stderr
 
+    def asset_events(self, uri: str) -> list[dict]:
+        """The extras of the Asset's events, oldest first, from Airflow's database."""
+        with sqlite3.connect(self.home / "airflow.db") as airflow_db:
+            rows = airflow_db.execute("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                                      "WHERE a.uri = ? ORDER BY e.id", (uri,)).fetchall()
+        return [json.loads(extra) for extra, in rows]
+
     def dags_test(self, dag_id: str, hour: int, conf: dict | None = None) -> tuple[str, str]:
         """`airflow dags test` for the interval ending `hour` hours after T0."""
         command = [str(VENV_BIN / "airflow"), "dags", "test", dag_id, (T0 + timedelta(hours=hour)).isoformat()]
@@ -209,6 +216,9 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     assert state == "success", output[-3000:]
     assert "PASSED: " in output, "the Great Expectations validation ran on the new trail files"
     assert [xid for xid, _ in transactions(committed_trail(store, world.config))] == ["S0", "S1", "S2", "S3"]
+    published, = world.asset_events("trailbound://trail/dirdat/lt")
+    assert published["new_files"] == ["lt000000001"] and published["write_position"].startswith("1:"), published
+    assert published["last_csn"].startswith(f"{3 * 3600 + 20}@"), "the last commit written: S3's"
 
     state, output = world.dags_test("longtrans_ext1", 4)
     assert state == "failed", "the monitor alerts: LONG and SKIPME are open 3.5 h, the limit is 3 h"
@@ -247,11 +257,8 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     assert "arch_1_000000001.parquet" in segments and "arch_1_000000001.parquet" not in left, \
         "retention purged the segments every registered capture is past"
     assert left and set(left) < set(segments), "the newest hour of log stays (minkeephours 1)"
-    with sqlite3.connect(world.home / "airflow.db") as airflow_db:
-        (extra,), = airflow_db.execute(
-            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-            "WHERE a.uri = 'trailbound://retention/archive'").fetchall()
-    published = json.loads(extra)["SRC"]
+    published, = world.asset_events("trailbound://retention/archive")
+    published = published["SRC"]
     assert published["purged_segments"] == len(segments) - len(left) and published["run_id"] == 1, \
         "the retention Asset event says what was purged"
 

@@ -74,12 +74,14 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             conf=SPARK_CONF, name=f"trailbound-capture-{group}")
 
         @task(outlets=[trail_asset(trail)], retries=0)  # a data check: retrying finds the same data
-        def validate_trail(after_seqno: int) -> str:
+        def validate_trail(after_seqno: int, outlet_events=None) -> str:
             """Great Expectations on the new trail files: commit order, indicators, no
-            rolled-back transaction, record counts."""
+            rolled-back transaction, record counts. The trail's Asset event names the new
+            files and the committed write position, for whoever it triggers."""
             from trailbound import quality
             from trailbound.archive.catalog import ArchiveCatalog
             from trailbound.capture import checkpoints as ckpt
+            from trailbound.positions import TrailPosition
 
             hook = TrailboundHook()
             with hook.store() as store:
@@ -91,6 +93,10 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             report = quality.validate_trail_files(files, segments)
             if not report.success:
                 raise ValueError(report.describe())
+            outlet_events[trail_asset(trail)].extra = {
+                "extract": group, "new_files": [path.name for path in files],
+                "write_position": str(TrailPosition(state.write.seqno, state.write.rba)),
+                "last_csn": str(state.write.last_csn) if state.write.last_csn else None}
             return report.describe()
 
         before = write_checkpoint_before()
