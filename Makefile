@@ -89,7 +89,7 @@ define dag_test
 	$(DB_ENV) $(AIRFLOW_ENV) airflow dags test $(1) $(2) $(3) > $$log 2>&1; \
 	state=$$(grep -o 'DagRun Finished.*state=[a-z]*' $$log | tail -1 | sed 's/.*state=//'); \
 	printf '  %s %s: %s\n' $(2) $(1) "$${state:-error}"; \
-	grep -o "$(DEMO_SUMMARY)" $$log | uniq | sed 's/ *$$//; s/^/      /' | cut -c1-160; \
+	grep -o "$(DEMO_SUMMARY)" $$log | sed 's/ *$$//' | uniq | sed 's/^/      /' | cut -c1-160; \
 	test "$$state" = success || { echo "  -> $$log"; tail -30 $$log; exit 1; }
 endef
 
