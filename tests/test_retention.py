@@ -435,3 +435,25 @@ def _manifest_of(store, thread_: int, sequence: int) -> dict:
     return {"thread": s.thread, "sequence": s.sequence, "first_scn": s.first_scn, "next_scn": s.next_scn,
             "first_time": s.first_time.isoformat(), "next_time": s.next_time.isoformat(), "records": s.records,
             "bytes": s.bytes, "sha256": s.sha256, "format": s.format}
+
+
+def test_a_deleted_extract_keeps_its_log_until_unregistered_and_says_so(tmp_path, spark, store, cli_env, capsys):
+    # Delete then add again (the lost-trail runbook) must not open a window for a purge.
+    hourly_archive(tmp_path, total_hours=3, long_from=99)
+    config_path = write_config(tmp_path, retention="  minkeephours: 0\n")
+    ArchiveCatalog(store, "SRC").scan(configuration.load(config_path).archive_dir("SRC"), spark)
+    assert trailbound(config_path, "add", "extract", "EXT1", "--begin", "scn", str(hours(1))) == 0
+    assert trailbound(config_path, "register", "extract", "EXT1", "logretention") == 0
+    assert trailbound(config_path, "delete", "extract", "EXT1") == 0
+    assert ("EXTRACT EXT1 is still registered with logretention: retention keeps every segment of source SRC until "
+            "it is added again and runs, or until `trailbound unregister extract EXT1 logretention`"
+            ) in capsys.readouterr().out
+    assert trailbound(config_path, "info", "retention") == 0
+    assert "no extract group of this name is added: it holds the log until unregistered" in capsys.readouterr().out
+    assert trailbound(config_path, "retention", "run") == 0
+    assert purged(store) == [], "nothing goes while the deleted group may come back"
+
+    assert trailbound(config_path, "add", "extract", "EXT1", "--begin", "scn", str(hours(1))) == 0
+    assert trailbound(config_path, "unregister", "extract", "EXT1", "logretention") == 0
+    assert trailbound(config_path, "delete", "extract", "EXT1") == 0
+    assert "still registered" not in capsys.readouterr().out

@@ -254,7 +254,16 @@ def delete_extract(ctx: Context) -> int:
         cur.execute("DELETE FROM trailbound.extract_group WHERE group_name = %s", (name,))
         if cur.rowcount == 0:
             raise TrailboundError(f"extract {name} is not added")
+        # The registration outlives the group on purpose: delete then add again (a lost
+        # trail's runbook) must not let retention purge the log in between. Say so.
+        cur.execute("SELECT source FROM trailbound.capture_registration"
+                    " WHERE upper(group_name) = upper(%s) AND enabled", (name,))
+        registered = cur.fetchone()
     print(f"EXTRACT {name} deleted (its trail files are left in place)")
+    if registered:
+        print(f"EXTRACT {name} is still registered with logretention: retention keeps every segment of source "
+              f"{registered['source']} until it is added again and runs, or until "
+              f"`trailbound unregister extract {name} logretention`")
     return 0
 
 
