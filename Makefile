@@ -42,9 +42,6 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
               PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
               AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 
-SPARK_SUBMIT = spark-submit --master local[*] --conf spark.log.level=WARN --conf spark.ui.enabled=false \
-               --conf spark.sql.session.timeZone=UTC
-
 .PHONY: help install db demo demo-run demo-register test bench env clean distclean airflow dags
 
 help:

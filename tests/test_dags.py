@@ -215,6 +215,7 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     state, output = world.dags_test("capture_ext1", 4)
     assert state == "success", output[-3000:]
     assert "PASSED: " in output, "the Great Expectations validation ran on the new trail files"
+    assert "INFO SparkContext" not in output and "Running Spark version" not in output, "Spark logs at WARN"
     assert [xid for xid, _ in transactions(committed_trail(store, world.config))] == ["S0", "S1", "S2", "S3"]
     published, = world.asset_events("trailbound://trail/dirdat/lt")
     assert published["new_files"] == ["lt000000001"] and published["write_position"].startswith("1:"), published

@@ -22,8 +22,11 @@ from trailbound_airflow.sensors import ArchiveCoversIntervalSensor, LongRunningT
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "jobs"
-# Task logs stay readable: Spark at WARN, no console progress bars.
+# Task logs stay readable: Spark at WARN from the driver's first line (our log4j2
+# configuration; spark.log.level alone applies only once the context is up), no console
+# progress bars.
 SPARK_CONF = {
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{REPO / 'include/config/log4j2.properties'}",
     "spark.log.level": "WARN",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
