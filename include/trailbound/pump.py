@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import psycopg2.errors
 
 from trailbound import trail as trails
 from trailbound import trailfs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
+from trailbound.grouplock import GroupLock, is_running
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 
@@ -52,38 +52,11 @@ CRASH_POINTS = ("mid_copy", "before_rename", "after_copy", "after_file_commit")
 READER_KIND = "pump"
 
 
-class PumpBusy(TrailboundError):
-    pass
-
-
-class pump_lock:
-    """Holds the pump group for a whole run (a session advisory lock the server drops if
-    the process dies); `delete pump` takes it too. It waits a few seconds for the lock:
-    the server releases a killed process's lock only once it notices the connection is
-    gone, and a retry right after a crash should not be refused for that."""
-
-    WAIT = "5s"
-
-    def __init__(self, store: MetadataStore, group: str):
-        self.store, self.key, self.group = store, lock_key(group), group
-
-    def __enter__(self):
-        try:
-            with self.store.transaction() as cur:
-                cur.execute("SET LOCAL lock_timeout = %s", (self.WAIT,))
-                cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (self.key,))
-        except psycopg2.errors.LockNotAvailable:
-            raise PumpBusy(f"pump {self.group} is held by a running pump; try again when it ends") from None
-        return self
-
-    def __exit__(self, *exc):
-        if not self.store.connection.closed:
-            with self.store.transaction() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
-
-
-def lock_key(group: str) -> str:
-    return f"pump:{group.upper()}"
+def pump_lock(store: MetadataStore, group: str) -> GroupLock:
+    """Holds the pump group for a whole run; `delete pump` takes it too. It waits a few
+    seconds: a retry right after a crash should not be refused while the server has not
+    yet noticed the dead process's connection."""
+    return GroupLock(store, "pump", group, wait="5s")
 
 
 # ---------------------------------------------------------------- state
@@ -468,15 +441,6 @@ def _time(value) -> str:
     return "Not Available" if value is None else value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _running(store: MetadataStore, group: str) -> bool:
-    with store.transaction() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (lock_key(group),))
-        got = cur.fetchone()["got"]
-        if got:
-            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key(group),))
-    return not got
-
-
 def describe_pump(store: MetadataStore, config: Config, group: str, *, showch: int | None = None) -> str:
     name = config.pump_name(group)
     with store.transaction() as cur:
@@ -489,7 +453,7 @@ def describe_pump(store: MetadataStore, config: Config, group: str, *, showch: i
         cur.execute("SELECT * FROM trailbound.pump_run WHERE group_name = %s ORDER BY run_id DESC LIMIT %s",
                     (name, showch or 0))
         runs = cur.fetchall()
-    status = "RUNNING" if _running(store, name) else "STOPPED"
+    status = "RUNNING" if is_running(store, "pump", name) else "STOPPED"
     mode = "PASSTHRU" if config.pump(name).table is None else f"TABLE {', '.join(config.pump(name).table)}"
     lines = [f"PUMP       {name:<9} Last Started {_time(state.last_started)[:16]}   Status {status}",
              f"Source Trail         {state.exttrail} (committed up to seqno {source['last'] or 0}; "

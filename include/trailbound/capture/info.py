@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from trailbound.capture import checkpoints as ckpt
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
+from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 
 _KIND_TITLES = {
@@ -27,15 +28,6 @@ def _time(value) -> str:
 def _lag(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def _running(store: MetadataStore, group: str) -> bool:
-    with store.transaction() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (f"extract:{group.upper()}",))
-        got = cur.fetchone()["got"]
-        if got:
-            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (f"extract:{group.upper()}",))
-    return not got
 
 
 def _read_block(kind: str, c) -> list[str]:
@@ -107,7 +99,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
         runs = ckpt.history(cur, name, showch) if showch else []
     if state is None:
         raise TrailboundError(f"extract {name} is not added (it is added by its first run or `trailbound add extract`)")
-    status = "RUNNING" if _running(store, name) else "STOPPED"
+    status = "RUNNING" if is_running(store, "extract", name) else "STOPPED"
     started = f"{state.last_started:%Y-%m-%d %H:%M}" if state.last_started else "never"
     lines = [f"EXTRACT    {name:<9} Last Started {started}   Status {status}"]
     current = state.read["current"]

@@ -33,6 +33,7 @@ from trailbound.capture.begin import resolve_begin
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, TrailboundError
+from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
 from trailbound import trail as trails
@@ -41,28 +42,10 @@ CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "a
                 "after_checkpoint_commit")
 
 
-class GroupBusy(TrailboundError):
-    pass
-
-
-class group_lock:
-    """Holds the group for the whole run (a session advisory lock, released by the server
-    if the process dies). `alter extract` takes the same lock and is refused while held."""
-
-    def __init__(self, store: MetadataStore, group: str):
-        self.store, self.key = store, f"extract:{group.upper()}"
-
-    def __enter__(self):
-        with self.store.transaction() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (self.key,))
-            if not cur.fetchone()["got"]:
-                raise GroupBusy(f"{self.key.split(':')[1]} is held by a running capture; try again when it ends")
-        return self
-
-    def __exit__(self, *exc):
-        if not self.store.connection.closed:
-            with self.store.transaction() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
+def group_lock(store: MetadataStore, group: str) -> GroupLock:
+    """Holds the extract group for the whole run; `alter extract` and `delete extract`
+    take it too and are refused while a capture holds it."""
+    return GroupLock(store, "extract", group)
 
 
 class Stopwatch:

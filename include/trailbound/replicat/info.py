@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 from trailbound import trailfs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
+from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
-from trailbound.replicat.run import lock_key
 
 
 def _time(value) -> str:
@@ -24,15 +24,6 @@ def _time(value) -> str:
 def _lag(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def _running(store: MetadataStore, group: str) -> bool:
-    with store.transaction() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (lock_key(group),))
-        got = cur.fetchone()["got"]
-        if got:
-            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key(group),))
-    return not got
 
 
 def _checkpoint_row(config: Config, table: str, group: str, target_dsn: str | None):
@@ -61,7 +52,7 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     if state is None:
         raise TrailboundError(f"replicat {name} is not added (its first run or `alter replicat` adds it)")
     row, note = _checkpoint_row(config, state.checkpoint_table, name, target_dsn)
-    status = "RUNNING" if _running(store, name) else "STOPPED"
+    status = "RUNNING" if is_running(store, "replicat", name) else "STOPPED"
     started = f"{state.last_started:%Y-%m-%d %H:%M}" if state.last_started else "never"
     current = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts) if row else state.checkpoint
     lines = [f"REPLICAT   {name:<9} Last Started {started}   Status {status}"]

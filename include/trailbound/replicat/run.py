@@ -47,6 +47,7 @@ from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
+from trailbound.grouplock import GroupBusy, GroupLock, lock_key
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
@@ -65,38 +66,16 @@ FILE_CHECKPOINT_SECONDS = 1.0
 LOST_TRAIL_HINT = "if the trail was lost, re-create it from the source: see 'Lost trails' in docs/replicat.md"
 
 
-class GroupBusy(TrailboundError):
-    pass
-
-
-class group_lock:
-    """Holds the replicat group for the whole run: a session advisory lock on the
-    metadata store (alter replicat takes it too) and one on the target, so two metadata
-    stores can never drive the same group into one target."""
-
-    def __init__(self, store: MetadataStore, group: str):
-        self.store, self.key = store, lock_key(group)
-
-    def __enter__(self):
-        with self.store.transaction() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (self.key,))
-            if not cur.fetchone()["got"]:
-                raise GroupBusy(f"{self.key.split(':')[1]} is held by a running replicat; try again when it ends")
-        return self
-
-    def __exit__(self, *exc):
-        if not self.store.connection.closed:
-            with self.store.transaction() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
-
-
-def lock_key(group: str) -> str:
-    return f"replicat:{group.upper()}"
+def group_lock(store: MetadataStore, group: str) -> GroupLock:
+    """Holds the replicat group for the whole run on the metadata store (alter replicat
+    takes it too); hold_target holds it on the target as well, so two metadata stores
+    can never drive the same group into one target."""
+    return GroupLock(store, "replicat", group)
 
 
 def hold_target(connection, group: str) -> None:
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"trailbound {lock_key(group)}",))
+        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"trailbound {lock_key('replicat', group)}",))
         got = cur.fetchone()[0]
     connection.commit()
     if not got:

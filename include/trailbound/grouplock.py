@@ -1,0 +1,67 @@
+"""One process per group at a time.
+
+A run (and every command that changes a group's checkpoints: alter, delete) holds its
+group through a session advisory lock on the metadata store, keyed `<kind>:<GROUP>`.
+The server drops the lock when the holder's connection goes, so a killed run never
+leaves its group locked; `info` peeks at the lock to say RUNNING or STOPPED.
+"""
+
+from __future__ import annotations
+
+import psycopg2.errors
+
+from trailbound.errors import TrailboundError
+from trailbound.metadata import MetadataStore
+
+NOUNS = {"extract": "capture", "pump": "pump", "replicat": "replicat"}
+
+
+class GroupBusy(TrailboundError):
+    pass
+
+
+def lock_key(kind: str, group: str) -> str:
+    return f"{kind}:{group.upper()}"
+
+
+class GroupLock:
+    """Holds `kind` group `group` while in the `with` block, or raises GroupBusy.
+    `wait` (a PostgreSQL interval, e.g. "5s") waits that long for the lock: the server
+    frees a killed process's lock only once it notices the connection is gone, and a
+    retry right after a crash should not be refused for that."""
+
+    def __init__(self, store: MetadataStore, kind: str, group: str, *, wait: str | None = None):
+        self.store, self.kind, self.group, self.wait = store, kind, group.upper(), wait
+        self.key = lock_key(kind, group)
+
+    def __enter__(self):
+        busy = GroupBusy(f"{self.kind} {self.group} is held by a running {NOUNS[self.kind]}; try again when it ends")
+        try:
+            with self.store.transaction() as cur:
+                if self.wait:
+                    cur.execute("SET LOCAL lock_timeout = %s", (self.wait,))
+                    cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (self.key,))
+                else:
+                    cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (self.key,))
+                    if not cur.fetchone()["got"]:
+                        raise busy
+        except psycopg2.errors.LockNotAvailable:
+            raise busy from None
+        return self
+
+    def __exit__(self, *exc):
+        if not self.store.connection.closed:
+            with self.store.transaction() as cur:
+                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
+
+
+def is_running(store: MetadataStore, kind: str, group: str) -> bool:
+    """Whether some process holds the group now (INFO's RUNNING / STOPPED)."""
+    key = lock_key(kind, group)
+    with store.transaction() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (key,))
+        got = cur.fetchone()["got"]
+        if got:
+            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+    return not got
+
