@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from trailbound.capture import checkpoints as ckpt
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
+from trailbound.ggsci import lag, timestamp
 from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 
@@ -17,26 +18,13 @@ _KIND_TITLES = {
 }
 
 
-def _time(value) -> str:
-    if value is None:
-        return "Not Available"
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-def _lag(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 def _read_block(kind: str, c) -> list[str]:
     get = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
     return [f"    {_KIND_TITLES[kind]}:",
             f"        Thread #: {get('thread')}",
             f"        Sequence #: {get('sequence')}",
             f"        RBA: {get('rba')}",
-            f"        Timestamp: {_time(get('ts'))}",
+            f"        Timestamp: {timestamp(get('ts'))}",
             f"        SCN: {get('scn')}",
             f"        Redo File: {get('segment') or 'Not Available'}"]
 
@@ -59,17 +47,17 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     if b is None:
         lines.append("    Last BR checkpoint: none yet")
     else:
-        lines.append(f"    Last BR checkpoint: #{b.checkpoint_id} at scn {b.scn}, log time {_time(b.log_time)[:19]}, "
+        lines.append(f"    Last BR checkpoint: #{b.checkpoint_id} at scn {b.scn}, log time {timestamp(b.log_time)[:19]}, "
                      f"{b.persisted} persisted transaction(s), {b.persisted_bytes} bytes")
         for thread, oldest in sorted(b.oldest_nonpersisted.items(), key=lambda item: int(item[0])):
             lines.append(f"        oldest non-persisted open transaction, thread {thread}: xid {oldest['xid']!r} "
-                         f"from scn {oldest['scn']} ({_time(oldest['ts'])[:19]})")
+                         f"from scn {oldest['scn']} ({timestamp(oldest['ts'])[:19]})")
     persisted = [t for t in state.open if t.persisted]
     lines.append(f"    Persisted transactions: {len(persisted)}")
     for txn in persisted:
         p = txn.persisted
         lines.append(f"        xid {txn.xid!r} thread {txn.thread} started scn {txn.start.scn} "
-                     f"({_time(txn.start.ts)[:19]}), {p.records} records through sequence {p.through_sequence} "
+                     f"({timestamp(txn.start.ts)[:19]}), {p.records} records through sequence {p.through_sequence} "
                      f"rba {p.through_rba}, file {p.file.name}")
     if state.read_scn is None:
         lines.append("    Next run: a first run (reads from the archive's start)")
@@ -107,11 +95,11 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
         newest = max((c.ts for c in current.values() if c.ts), default=None)
         if newest is not None:
             ago = (datetime.now(timezone.utc) - state.last_run_end).total_seconds()
-            lines.append(f"Checkpoint Lag       {_lag((state.last_run_end - newest).total_seconds())} "
-                         f"(updated {_lag(ago)} ago)")
+            lines.append(f"Checkpoint Lag       {lag((state.last_run_end - newest).total_seconds())} "
+                         f"(updated {lag(ago)} ago)")
     for thread, c in sorted(current.items()):
         lines.append(f"Log Read Checkpoint  File {c.segment}")
-        lines.append(f"                     {_time(c.ts)[:19]}  Thread {thread}, Seqno {c.sequence}, RBA {c.rba}")
+        lines.append(f"                     {timestamp(c.ts)[:19]}  Thread {thread}, Seqno {c.sequence}, RBA {c.rba}")
     if not current:
         lines.append(f"Log Read Checkpoint  not yet read; begins at {state.begin_spec} (scn {state.begin_scn})")
     w = state.write
@@ -133,14 +121,14 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
             if thread in state.read[kind]:
                 lines += _read_block(kind, state.read[kind][thread])
     lines += ["", "Write Checkpoint #1", "", "    Trail", "    Current Checkpoint (current write position):",
-              f"        Sequence #: {w.seqno}", f"        RBA: {w.rba}", f"        Timestamp: {_time(w.written_at)}",
+              f"        Sequence #: {w.seqno}", f"        RBA: {w.rba}", f"        Timestamp: {timestamp(w.written_at)}",
               f"        Last CSN: {w.last_csn or 'none'}", f"        Extract Trail: {state.exttrail}",
               "", "    Status:", f"        Begin = {state.begin_spec} (scn {state.begin_scn})",
               f"        Read below SCN = {state.read_scn if state.read_scn is not None else 'Not Available'}",
-              f"        Start Time = {_time(state.last_started)[:19]}",
-              f"        Last Update Time = {_time(state.last_run_end)[:19]}"]
+              f"        Start Time = {timestamp(state.last_started)[:19]}",
+              f"        Last Update Time = {timestamp(state.last_run_end)[:19]}"]
     for run in runs:
-        lines += ["", f"Checkpoint history: run {run['run_id']} ended {_time(run['ended_at'])[:19]}, "
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {timestamp(run['ended_at'])[:19]}, "
                       f"read scn {run['read_from_scn']}..{run['horizon_scn']}, {run['records_read']} records read, "
                       f"{run['transactions']} transactions written"]
         read = run["checkpoints"]["read"]

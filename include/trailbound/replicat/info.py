@@ -8,22 +8,12 @@ from datetime import datetime, timezone
 from trailbound import trailfs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
+from trailbound.ggsci import lag, timestamp
 from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
-
-
-def _time(value) -> str:
-    if value is None:
-        return "Not Available"
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-def _lag(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _checkpoint_row(config: Config, table: str, group: str, target_dsn: str | None):
@@ -58,12 +48,12 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     lines = [f"REPLICAT   {name:<9} Last Started {started}   Status {status}"]
     if current.audit_ts is not None:
         updated = row.last_update_ts if row else state.updated_at
-        lines.append(f"Checkpoint Lag       {_lag((updated - current.audit_ts).total_seconds())} "
-                     f"(updated {_lag((datetime.now(timezone.utc) - updated).total_seconds())} ago)")
+        lines.append(f"Checkpoint Lag       {lag((updated - current.audit_ts).total_seconds())} "
+                     f"(updated {lag((datetime.now(timezone.utc) - updated).total_seconds())} ago)")
     seqno = current.position.seqno
     where = trailfs.file_location(state.exttrail, seqno) if seqno else f"{state.exttrail} (not started)"
     lines.append(f"Log Read Checkpoint  File {where}")
-    lines.append(f"                     {_time(current.audit_ts)[:26]}  RBA {current.position.rba}")
+    lines.append(f"                     {timestamp(current.audit_ts)[:26]}  RBA {current.position.rba}")
     lines.append(f"Last applied CSN     {current.log_csn or 'none'}"
                  + (f"  (checkpoint table {state.checkpoint_table})" if row else f"  ({note})"))
     if showch is None:
@@ -74,10 +64,10 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     if state.startup is not None:
         lines += ["    Startup Checkpoint (starting position in the trail):",
                   f"        Sequence #: {state.startup.seqno}", f"        RBA: {state.startup.rba}",
-                  f"        Timestamp: {_time(state.last_started)}", f"        Extract Trail: {state.exttrail}"]
+                  f"        Timestamp: {timestamp(state.last_started)}", f"        Extract Trail: {state.exttrail}"]
     lines += ["    Current Checkpoint (position of last record read in the trail):",
               f"        Sequence #: {current.position.seqno}", f"        RBA: {current.position.rba}",
-              f"        Timestamp: {_time(current.audit_ts)}", f"        Extract Trail: {state.exttrail}", ""]
+              f"        Timestamp: {timestamp(current.audit_ts)}", f"        Extract Trail: {state.exttrail}", ""]
 
     def value(x) -> str:
         return "-" if x is None or x == [] else str(x)
@@ -90,9 +80,9 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
               ("Log complete CSN", row.log_cmplt_csn if row else None, f.log_csn),
               ("Log complete xids", ", ".join(repr(x) for x in row.log_cmplt_xids) if row else None, None),
               ("Log BSN", row.log_bsn if row else None, f.log_bsn),
-              ("Audit TS", _time(row.audit_ts) if row and row.audit_ts else None,
-               _time(f.audit_ts) if f.audit_ts else None),
-              ("Last update", _time(row.last_update_ts) if row else None, _time(state.updated_at))]
+              ("Audit TS", timestamp(row.audit_ts) if row and row.audit_ts else None,
+               timestamp(f.audit_ts) if f.audit_ts else None),
+              ("Last update", timestamp(row.last_update_ts) if row else None, timestamp(state.updated_at))]
     for label, left, right in fields:
         lines.append(f"    {label:<{width}} {value(left):<34} {value(right)}")
     if row is None:
@@ -104,9 +94,9 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
         lines.append("    The two agree.")
     if row is not None:
         lines += ["", f"    Checkpoint table {state.checkpoint_table}: group_key {row.group_key}, version {row.version}, "
-                      f"created {_time(row.create_ts)[:19]}, current_dir {row.current_dir}"]
+                      f"created {timestamp(row.create_ts)[:19]}, current_dir {row.current_dir}"]
     for run in runs:
-        lines += ["", f"Checkpoint history: run {run['run_id']} ended {_time(run['ended_at'])[:19]}, from the "
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {timestamp(run['ended_at'])[:19]}, from the "
                       f"{run['started_from']} at seqno {run['start_seqno']} rba {run['start_rba']} to seqno "
                       f"{run['end_seqno']} rba {run['end_rba']}, log_csn {run['log_csn'] or 'none'}",
                   f"    {run['transactions']} transactions ({run['operations']} operations) in {run['groups']} target "
