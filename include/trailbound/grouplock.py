@@ -64,4 +64,3 @@ def is_running(store: MetadataStore, kind: str, group: str) -> bool:
         if got:
             cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
     return not got
-

@@ -15,9 +15,8 @@ log = logging.getLogger("trailbound.alerts")
 
 
 def log_alert(context) -> None:
-    dag_run = context.get("dag_run")
-    ti = context.get("ti") or context.get("task_instance")
+    # `dag` and `run_id` are in every callback context; `ti` only when a task is to blame.
+    ti = context.get("ti")
     task = f"task {ti.task_id} (try {ti.try_number})" if ti is not None else "no task named"
     log.error("trailbound alert: DAG %s run %s failed (%s): %s; its log says why",
-              getattr(dag_run, "dag_id", context.get("dag").dag_id if context.get("dag") else "?"),
-              getattr(dag_run, "run_id", "?"), context.get("reason", "failure"), task)
+              context["dag"].dag_id, context["run_id"], context.get("reason", "failure"), task)

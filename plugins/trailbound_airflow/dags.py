@@ -9,7 +9,7 @@ the engine through TrailboundHook.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from importlib import import_module
 from pathlib import Path
@@ -35,7 +35,7 @@ SPARK_CONF = {
 DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(minutes=1), "owner": "trailbound"}
 
 
-def callbacks(paths: list[str]) -> list[Callable] | None:
+def callbacks(paths: Sequence[str]) -> list[Callable] | None:
     """The configured failure callbacks (`airflow.on_failure_callbacks`, dotted paths to
     functions or notifier instances), imported here: an import is not I/O, and a wrong
     path is an import error the DAG list shows at once."""
@@ -46,19 +46,27 @@ def callbacks(paths: list[str]) -> list[Callable] | None:
     return found or None
 
 
+def _dag(dag_id: str, doc_md: str, start_date: datetime, on_failure_callbacks: Sequence[str], tags: list[str],
+         *, default_args: dict = DEFAULT_ARGS, **settings) -> DAG:
+    """What every trailbound DAG shares: no catch-up (a missed interval is covered by the
+    next run's data), the trailbound tag, the default args and the configured failure
+    callbacks."""
+    return DAG(dag_id=dag_id, doc_md=doc_md, start_date=start_date, catchup=False, tags=["trailbound", *tags],
+               default_args=default_args, on_failure_callback=callbacks(on_failure_callbacks), **settings)
+
+
 def trail_asset(trail: str) -> Asset:
     """The Asset a trail is published as: produced by its writer, scheduling its readers."""
     return Asset(name=f"trail {trail}", uri=f"trailbound://trail/{trail.strip('/')}")
 
 
 def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: timedelta, start_date: datetime,
-                trail: str, on_failure_callbacks: list[str] = ()) -> DAG:
+                trail: str, on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Capture per extract group: wait until the archive covers the data interval, run
     one capture batch up to its end, validate the new trail files, publish the trail."""
-    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
-             catchup=False, max_active_runs=1, tags=["trailbound", "capture", group],
-             default_args={**DEFAULT_ARGS, "depends_on_past": True},
-             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["capture", group],
+              schedule=DeltaDataIntervalTimetable(interval), max_active_runs=1,
+              default_args={**DEFAULT_ARGS, "depends_on_past": True}) as dag:
         wait = ArchiveCoversIntervalSensor(task_id="wait_for_archive", source=source, poke_interval=30,
                                            timeout=interval.total_seconds() * 4)
 
@@ -76,7 +84,9 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             application_args=[group, "--until", "{{ data_interval_end.isoformat() }}"],
             conf=SPARK_CONF, name=f"trailbound-capture-{group}")
 
-        @task(outlets=[trail_asset(trail)], retries=0)  # a data check: retrying finds the same data
+        published = trail_asset(trail)
+
+        @task(outlets=[published], retries=0)  # a data check: retrying finds the same data
         def validate_trail(after_seqno: int, outlet_events=None) -> str:
             """Great Expectations on the new trail files: commit order, indicators, no
             rolled-back transaction, record counts. The trail's Asset event names the new
@@ -96,7 +106,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             report = quality.validate_trail_files(files, segments)
             if not report.success:
                 raise ValueError(report.describe())
-            outlet_events[trail_asset(trail)].extra = {
+            outlet_events[published].extra = {
                 "extract": group, "new_files": [path.name for path in files],
                 "write_position": str(TrailPosition(state.write.seqno, state.write.rba)),
                 "last_csn": str(state.write.last_csn) if state.write.last_csn else None}
@@ -108,12 +118,11 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
 
 
 def monitor_dag(*, dag_id: str, doc_md: str, group: str, interval: timedelta, start_date: datetime,
-                on_failure_callbacks: list[str] = ()) -> DAG:
+                on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Long-running transaction monitor per extract: alerts (fails, firing the DAG's
     failure callbacks) when a transaction is open longer than WARNLONGTRANS."""
-    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
-             catchup=False, max_active_runs=1, tags=["trailbound", "monitor", group], default_args=DEFAULT_ARGS,
-             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["monitor", group],
+              schedule=DeltaDataIntervalTimetable(interval), max_active_runs=1) as dag:
         LongRunningTransactionSensor(task_id="long_running_transactions", group=group, poke_interval=60,
                                      timeout=interval.total_seconds() * 4, retries=0)
     return dag
@@ -153,7 +162,7 @@ def control_command(command: str, group: str, argument: str, groups: dict[str, s
 
 
 def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[str, str],
-                on_failure_callbacks: list[str] = ()) -> DAG:
+                on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Manual control from the UI: one validated command per run, run through the engine
     (recorded as a directive for the next run, or applied at once); the result is the
     task's return value and log. `groups` maps each group name to extract/pump/replicat."""
@@ -167,9 +176,8 @@ def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[
                           description="XID for skiptrans/forcetrans; now|TIME|scn N for alter_extract_begin; "
                                       "atcsn N|aftercsn N|extseqno S extrba R for alter_replicat"),
     }
-    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=None, start_date=start_date, catchup=False, params=params,
-             tags=["trailbound", "control"], default_args={**DEFAULT_ARGS, "retries": 0},
-             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["control"], schedule=None, params=params,
+              default_args={**DEFAULT_ARGS, "retries": 0}) as dag:
 
         @task
         def run_command(params: dict | None = None) -> str:
@@ -181,12 +189,11 @@ def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[
 
 
 def pump_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, source_trail: str,
-             remote_trail: str, on_failure_callbacks: list[str] = ()) -> DAG:
+             remote_trail: str, on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Pump per group: runs when the trail it reads is published (and by hand), ships
     what is new, publishes the remote trail."""
-    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=[trail_asset(source_trail)], start_date=start_date,
-             catchup=False, max_active_runs=1, tags=["trailbound", "pump", group], default_args=DEFAULT_ARGS,
-             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["pump", group],
+              schedule=[trail_asset(source_trail)], max_active_runs=1) as dag:
         SparkSubmitOperator(task_id="pump", application=str(JOBS / "pump.py"), conn_id="spark_default",
                             application_args=[group], conf=SPARK_CONF, name=f"trailbound-pump-{group}",
                             outlets=[trail_asset(remote_trail)])
@@ -194,12 +201,11 @@ def pump_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, sour
 
 
 def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, trail: str,
-                 on_failure_callbacks: list[str] = ()) -> DAG:
+                 on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Replicat per group: runs when the trail it applies is published (and by hand),
     applies it exactly once, then checks the replica with Great Expectations."""
-    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=[trail_asset(trail)], start_date=start_date, catchup=False,
-             max_active_runs=1, tags=["trailbound", "replicat", group], default_args=DEFAULT_ARGS,
-             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["replicat", group],
+              schedule=[trail_asset(trail)], max_active_runs=1) as dag:
         apply = SparkSubmitOperator(task_id="replicat", application=str(JOBS / "replicat.py"),
                                     conn_id="spark_default", application_args=[group], conf=SPARK_CONF,
                                     name=f"trailbound-replicat-{group}")
@@ -222,12 +228,11 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
 
 
 def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: datetime,
-                  on_failure_callbacks: list[str] = ()) -> DAG:
+                  on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Archive-log retention: purge redo segments below the minimum SCN every registered
     capture still needs, honouring the policies; publishes what it did."""
-    with DAG(dag_id=dag_id, doc_md=doc_md, schedule=DeltaDataIntervalTimetable(interval), start_date=start_date,
-             catchup=False, max_active_runs=1, tags=["trailbound", "retention"], default_args=DEFAULT_ARGS,
-             on_failure_callback=callbacks(on_failure_callbacks)) as dag:
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["retention"],
+              schedule=DeltaDataIntervalTimetable(interval), max_active_runs=1) as dag:
 
         retention = Asset(name="archive retention", uri="trailbound://retention/archive")
 
