@@ -26,8 +26,8 @@ ifdef TRAILBOUND_METADATA_DSN
   START_DB := @echo "Using the PostgreSQL servers named by TRAILBOUND_METADATA_DSN / TRAILBOUND_TARGET_DSN"
   DB_ENV   :=
 else
-  START_DB := $(PYTHON) -m trailbound.localpg start $(PG_DIR)
-  DB_ENV    = env $$($(PYTHON) -m trailbound.localpg env $(PG_DIR))
+  START_DB := $(PYTHON) -m trailbound.devtools.localpg start $(PG_DIR)
+  DB_ENV    = env $$($(PYTHON) -m trailbound.devtools.localpg env $(PG_DIR))
 endif
 
 # pip on some machines warns about every configured-but-absent local index: keep the noise out.
@@ -67,7 +67,7 @@ db: $(STAMP)
 	$(START_DB)
 
 env: $(STAMP)
-	@$(PYTHON) -m trailbound.localpg env $(PG_DIR)
+	@$(PYTHON) -m trailbound.devtools.localpg env $(PG_DIR)
 
 $(DEMO)/archive/defs.json: | $(STAMP)
 	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48
@@ -140,7 +140,7 @@ airflow: db var/airflow/airflow.db
 	$(DB_ENV) $(AIRFLOW_ENV) airflow standalone
 
 clean:
-	-test -x $(PYTHON) && $(PYTHON) -m trailbound.localpg remove $(PG_DIR)
+	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove $(PG_DIR)
 	rm -rf var .pytest_cache spark-warehouse
 
 distclean: clean

@@ -24,7 +24,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
-from trailbound.localpg import LocalServer
+from trailbound.devtools.localpg import LocalServer
 from trailbound.metadata import MetadataStore
 
 REPO = Path(__file__).resolve().parent.parent

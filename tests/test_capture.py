@@ -256,7 +256,7 @@ def test_capture_of_the_simulated_source_reproduces_its_truth(tmp_path, spark, s
     from datetime import timedelta
 
     from replay_kit import apply_change, canonical
-    from trailbound.simulator import simulate
+    from trailbound.sources.simulator import simulate
 
     summary = simulate(tmp_path / "archive", tmp_path / "truth.json", records=30_000, hours=12, seed=11)
     config = load_config(tmp_path, tables=("shop.*", "hr.*"), megabytes=1)

@@ -435,7 +435,7 @@ def test_extract_pump_replicat_over_a_simulated_source_reach_the_truth_with_purg
     from trailbound.capture.run import run_extract
     from trailbound.replicat import target
     from trailbound.replicat.run import run_replicat
-    from trailbound.simulator import simulate
+    from trailbound.sources.simulator import simulate
 
     summary = simulate(tmp_path / "archive", tmp_path / "truth.json", records=5_000, hours=8, seed=5)
     pumps = {"PMP1": {"exttrail": "dirdat/lt", "rmttrail": "remote/rt"},

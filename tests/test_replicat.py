@@ -251,7 +251,7 @@ def captured(tmp_path_factory, spark, pg_server_dsn, new_metadata_database):
     """A simulated busy source (every awkward type and identifier, savepoints, TRUNCATE,
     key updates, a keyless table) captured into small trail files. Tests move the trail's
     committed end back (hiding trail_file rows) to apply it in several runs."""
-    from trailbound.simulator import simulate
+    from trailbound.sources.simulator import simulate
 
     directory = tmp_path_factory.mktemp("replicat")
     simulate(directory / "archive", directory / "truth.json", records=6000, hours=12, seed=5)

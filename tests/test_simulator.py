@@ -29,7 +29,7 @@ from trailbound.archive.contract import (
     SEGMENT_RE,
 )
 from replay_kit import apply_change, canonical, row_identity
-from trailbound.simulator import simulate
+from trailbound.sources.simulator import simulate
 
 # Small but complete: every scheduled story still happens (they are placed at fractions
 # of the duration), and it takes a few seconds.

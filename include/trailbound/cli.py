@@ -440,7 +440,7 @@ def dags_generate(ctx: Context) -> int:
 # ---------------------------------------------------------------- simulate
 
 def simulate(ctx: Context) -> int:
-    from trailbound import simulator
+    from trailbound.sources import simulator
 
     args = ctx.args
     archive = args.archive or ctx.config.archive_dir(ctx.source_name())

@@ -49,7 +49,7 @@ def main() -> int:
     from trailbound.archive.segments import discover
     from trailbound.capture.run import run_extract
     from trailbound.metadata import MetadataStore, dsn_from_env
-    from trailbound.simulator import simulate
+    from trailbound.sources.simulator import simulate
 
     work = REPO / "var" / "bench" / f"capture-{args.records}"
     archive = work / "archive"

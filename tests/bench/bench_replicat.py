@@ -233,7 +233,7 @@ def main() -> int:
     from trailbound.metadata import MetadataStore, dsn_from_env
     from trailbound.replicat import target as tgt
     from trailbound.replicat.run import run_replicat
-    from trailbound.simulator import source_tables
+    from trailbound.sources.simulator import source_tables
 
     work = REPO / "var" / "bench" / f"replicat-{args.rows}"
     shutil.rmtree(work, ignore_errors=True)

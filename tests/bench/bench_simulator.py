@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow
 
-from trailbound.simulator import simulate
+from trailbound.sources.simulator import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = REPO / "docs" / "benchmarks" / "simulator.md"
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(f"""# Simulator benchmark
 
-How fast `trailbound.simulator.simulate` writes a redo archive (and its truth file).
+How fast `trailbound.sources.simulator.simulate` writes a redo archive (and its truth file).
 The budget: 10,000,000 records in under {BUDGET_SECONDS:.0f} s on the 2-core development machine.
 
 Command, from the repository root:

@@ -1,8 +1,8 @@
 """A throwaway local PostgreSQL server for the demo and the test suite.
 
-    python -m trailbound.localpg start DIR   # initdb on first use, start, print the DSNs
-    python -m trailbound.localpg env DIR     # print TRAILBOUND_*_DSN=... lines for the shell
-    python -m trailbound.localpg stop DIR
+    python -m trailbound.devtools.localpg start DIR   # initdb on first use, start, print the DSNs
+    python -m trailbound.devtools.localpg env DIR     # print TRAILBOUND_*_DSN=... lines for the shell
+    python -m trailbound.devtools.localpg stop DIR
 
 The cluster lives in DIR (an ignored folder of the repo), listens on 127.0.0.1 only, on a
 free port chosen at first start and kept in DIR/port, and trusts local connections:
@@ -72,7 +72,7 @@ class LocalServer:
         return int(self.port_file.read_text())
 
     def dsn(self, database: str = "postgres") -> str:
-        # URI form: no spaces, so `env $(python -m trailbound.localpg env DIR) cmd` works.
+        # URI form: no spaces, so `env $(python -m trailbound.devtools.localpg env DIR) cmd` works.
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -151,7 +151,7 @@ class LocalServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trailbound.localpg", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trailbound.devtools.localpg", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["start", "stop", "remove", "env", "status"])
     parser.add_argument("directory", type=Path)
