@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from trailbound import config as configuration
-from trailbound import trail
+from trailbound.trail import catalog
+from trailbound.trail import format as trail
 from trailbound.archive.writer import write_defs, write_segment
 from trailbound.capture import checkpoints as ckpt
 
@@ -80,7 +81,7 @@ def committed_trail(store, config) -> list[dict]:
     """Every record of the committed trail, in trail order, with its seqno."""
     prefix = config.path(config.extract("EXT1").exttrail)
     with store.transaction() as cur:
-        files = ckpt.committed_trail_files(cur, prefix)
+        files = catalog.committed_files(cur, str(prefix))
     records = []
     for row in files:
         for record in trail.iter_records(Path(row["path"])):

@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from capture_kit import T0
 from trailbound import config as configuration
-from trailbound import trail, trailfs
+from trailbound.trail import format as trail
+from trailbound.trail import fs as trailfs
 
 
 def write_config(tmp_path: Path, pumps: dict[str, dict], *, purge: dict | None = None,

@@ -13,7 +13,8 @@ import pytest
 
 from capture_kit import (at, committed_trail, ins, load_config, new_archive, rec, state, transactions,
                          write_config)
-from trailbound import cli, trail
+from trailbound import cli
+from trailbound.trail import format as trail
 from trailbound.capture.run import CRASH_POINTS, run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ArchiveError

@@ -24,7 +24,7 @@ from test_bounded_recovery import long_running_archive
 from trailbound import cli
 from trailbound import config as configuration
 from trailbound import dagfiles
-from trailbound import trail
+from trailbound.trail import format as trail
 from trailbound.capture import checkpoints as capture_checkpoints
 from trailbound.capture.run import run_extract
 from trailbound.metadata import MetadataStore

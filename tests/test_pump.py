@@ -22,12 +22,13 @@ from pump_kit import (SourceTrail, changes, committed_files, load, pump_state, r
                       write_config)
 from trailbound import cli
 from trailbound import config as configuration
-from trailbound import trail, trailfs
+from trailbound.trail import format as trail
+from trailbound.trail import fs as trailfs
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ConfigError, TrailboundError
 from trailbound.pump import CRASH_POINTS, filter_records, run_pump
 from trailbound.positions import TrailPosition
-from trailbound.trailpurge import Reader, decide, purge_trails
+from trailbound.trail.purge import Reader, decide, purge_trails
 
 pytestmark = [pytest.mark.pg]
 

@@ -19,7 +19,8 @@ from psycopg2 import sql
 
 from capture_kit import at, ins, new_archive, rec
 from replicat_kit import checkpoint_row, differences, write_config
-from trailbound import cli, trail
+from trailbound import cli
+from trailbound.trail import format as trail
 from trailbound import config as configuration
 from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract

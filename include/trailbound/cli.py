@@ -300,7 +300,7 @@ def info_extract(ctx: Context) -> int:
 def logdump(ctx: Context) -> int:
     import json as _json
 
-    from trailbound import trail
+    from trailbound.trail import format as trail
 
     path = Path(ctx.args.file)
     seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
@@ -358,7 +358,7 @@ def info_pump(ctx: Context) -> int:
 
 
 def purge_trails(ctx: Context) -> int:
-    from trailbound import trailpurge
+    from trailbound.trail import purge as trailpurge
 
     spark = ctx.spark if trailpurge.needs_spark(ctx.store) else None
     print(trailpurge.purge_trails(ctx.store, ctx.config, spark=spark, dry_run=ctx.args.dry_run).describe())

@@ -20,3 +20,12 @@ class ArchiveError(TrailboundError):
 
 class ConfigError(TrailboundError):
     """The configuration file is invalid. Names the file and the key."""
+
+
+class TrailError(TrailboundError):
+    """A trail file that is not what its metadata says. Names the file (and rba)."""
+
+    def __init__(self, path, message: str, rba: int | None = None):
+        where = f"{path}" if rba is None else f"{path} rba {rba}"
+        super().__init__(f"{where}: {message}")
+        self.path, self.rba = str(path), rba

@@ -39,14 +39,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trailbound import trail as trails
-from trailbound import trailfs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
-from trailbound.errors import TrailboundError
+from trailbound.errors import TrailboundError, TrailError
 from trailbound.grouplock import GroupLock, is_running
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
+from trailbound.trail import catalog
+from trailbound.trail import format as trails
+from trailbound.trail import fs as trailfs
 
 CRASH_POINTS = ("mid_copy", "before_rename", "after_copy", "after_file_commit")
 READER_KIND = "pump"
@@ -121,13 +122,11 @@ def ensure_pump(store: MetadataStore, config: Config, group: str, *, extseqno: i
         other = cur.fetchone()
         if other is not None:
             raise TrailboundError(f"pump {other['group_name']} already writes remote trail {rmttrail}")
-        cur.execute("SELECT min(seqno) AS first, max(seqno) AS last, min(written_by) AS writer"
-                    " FROM trailbound.trail_file WHERE trail = %s", (rmttrail,))
-        held = cur.fetchone()
-        if held["last"] is not None:
+        held = catalog.extent(cur, rmttrail)
+        if held.last is not None:
             raise TrailboundError(
-                f"remote trail {rmttrail} already holds committed files (seqno {held['first']}..{held['last']}, "
-                f"written by {held['writer']}); a new pump starts an empty trail: choose another rmttrail for {name}")
+                f"remote trail {rmttrail} already holds committed files (seqno {held.first}..{held.last}, "
+                f"written by {held.writer}); a new pump starts an empty trail: choose another rmttrail for {name}")
         start = TrailPosition(extseqno, 0) if extseqno is not None else TrailPosition(0, 0)
         if start.seqno < 0:
             raise TrailboundError("--extseqno is a trail file seqno, 1 or more")
@@ -135,15 +134,8 @@ def ensure_pump(store: MetadataStore, config: Config, group: str, *, extseqno: i
                     " VALUES (%s, %s, %s, %s)", (name, exttrail, rmttrail, _table_spec(pump.table)))
         cur.execute("INSERT INTO trailbound.pump_checkpoint (group_name, read_seqno, read_rba) VALUES (%s, %s, %s)",
                     (name, start.seqno, start.rba))
-        _set_reader_position(cur, exttrail, name, start)
+        catalog.set_reader_position(cur, exttrail, READER_KIND, name, start)
         return load(cur, name)
-
-
-def _set_reader_position(cur, trail: str, group: str, position: TrailPosition) -> None:
-    cur.execute("INSERT INTO trailbound.trail_reader (trail, reader_kind, group_name, seqno, rba)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (trail, reader_kind, group_name)"
-                " DO UPDATE SET seqno = EXCLUDED.seqno, rba = EXCLUDED.rba, updated_at = now()",
-                (trail, READER_KIND, group, position.seqno, position.rba))
 
 
 def delete_pump(store: MetadataStore, config: Config, group: str) -> PumpState:
@@ -155,8 +147,7 @@ def delete_pump(store: MetadataStore, config: Config, group: str) -> PumpState:
         if state is None:
             raise TrailboundError(f"pump {name} is not added")
         cur.execute("DELETE FROM trailbound.pump_group WHERE group_name = %s", (name,))
-        cur.execute("DELETE FROM trailbound.trail_reader WHERE reader_kind = %s AND group_name = %s",
-                    (READER_KIND, name))
+        catalog.drop_reader(cur, READER_KIND, name)
     return state
 
 
@@ -243,31 +234,20 @@ def _pending_files(cur, state: PumpState) -> list[dict]:
     """The committed source files not shipped yet, in order, checked to be contiguous and
     still on disk (not purged)."""
     if state.read.rba > 0:
-        cur.execute("SELECT records FROM trailbound.trail_file WHERE trail = %s AND seqno = %s",
-                    (state.exttrail, state.read.seqno))
-        current = cur.fetchone()
-        if current is not None and current["records"] > state.read.rba:
+        records = catalog.file_records(cur, state.exttrail, state.read.seqno)
+        if records is not None and records > state.read.rba:
             raise TrailboundError(f"pump {state.group} stopped inside trail file seqno {state.read.seqno} "
                                   f"(rba {state.read.rba}); a pump ships whole files")
     first = state.next_source_seqno()
-    cur.execute("SELECT * FROM trailbound.trail_file WHERE trail = %s AND seqno >= %s ORDER BY seqno",
-                (state.exttrail, first))
-    rows = cur.fetchall()
-    for expected, row in enumerate(rows, start=first):
-        if row["seqno"] != expected:
-            raise TrailboundError(f"trail {state.exttrail}: file seqno {expected} is not committed but seqno "
-                                  f"{row['seqno']} is; pump {state.group} cannot skip it")
-        if row["purged_at"] is not None:
-            raise TrailboundError(
-                f"{row['path']}: trail file seqno {row['seqno']}, which pump {state.group} has not shipped, was purged "
-                f"at {row['purged_at']:%Y-%m-%d %H:%M:%S}. Restore it, or `trailbound delete pump {state.group}` and "
-                f"`trailbound add pump {state.group} --extseqno N` past it (with a new rmttrail)")
+    rows = catalog.committed_files(cur, state.exttrail, first)
+    catalog.check_following(state.exttrail, rows, first, reader=f"pump {state.group}",
+                            hint=f"restore it, or `trailbound delete pump {state.group}` and `trailbound add pump "
+                                 f"{state.group} --extseqno N` past it (with a new rmttrail)")
     return rows
 
 
 def _check_remote_end(cur, state: PumpState) -> None:
-    cur.execute("SELECT max(seqno) AS last FROM trailbound.trail_file WHERE trail = %s", (state.rmttrail,))
-    last = cur.fetchone()["last"] or 0
+    last = catalog.extent(cur, state.rmttrail).last or 0
     if last != state.write.seqno:
         raise TrailboundError(f"remote trail {state.rmttrail} has committed files up to seqno {last} but pump "
                               f"{state.group}'s write checkpoint is seqno {state.write.seqno}: another writer?")
@@ -335,8 +315,8 @@ class _Run:
             local, expected, records, bytes_ = info.path, info.sha256, info.records, info.bytes
             first_csn, last_csn = info.first_csn, info.last_csn
         self._copy_verified(local, expected, target, row)
-        remote = {"seqno": remote_seqno, "path": target, "records": records, "bytes": bytes_, "sha256": expected,
-                  "first_csn": first_csn, "last_csn": last_csn, "log_bsn": row["log_bsn"]}
+        remote = trails.TrailFileInfo(remote_seqno, target, records, bytes_, expected, first_csn, last_csn,
+                                      row["log_bsn"])
         self._commit(row, remote, last_csn)
 
     def _local_copy(self, row: dict) -> Path:
@@ -353,35 +333,31 @@ class _Run:
         if actual != expected:
             self.remote_fs.delete(temporary)
             if self.patterns is None and (source := trailfs.sha256_of_file(local)) != expected:
-                raise trails.TrailError(row["path"], f"file checksum {source} does not match the recorded {expected}: "
+                raise TrailError(row["path"], f"file checksum {source} does not match the recorded {expected}: "
                                                      "the source trail file is damaged; nothing was shipped")
-            raise trails.TrailError(target, f"the copy's checksum {actual} does not match {expected}, the file "
+            raise TrailError(target, f"the copy's checksum {actual} does not match {expected}, the file "
                                             "shipped: the copy is damaged; nothing was committed")
         crashpoint("before_rename")
         self.remote_fs.rename(temporary, target)
         crashpoint("after_copy")
 
-    def _commit(self, row: dict, remote: dict | None, last_csn: Csn | None) -> None:
+    def _commit(self, row: dict, remote: trails.TrailFileInfo | None, last_csn: Csn | None) -> None:
         state = self.state
         read = TrailPosition(row["seqno"], row["records"])
-        write = TrailPosition(remote["seqno"], remote["records"]) if remote else state.write
+        write = remote.end if remote else state.write
         last_csn = last_csn or state.last_csn
-        shipped = Shipped(row["seqno"], row["records"], remote["seqno"] if remote else None,
-                          remote["records"] if remote else 0)
+        shipped = Shipped(row["seqno"], row["records"], remote.seqno if remote else None,
+                          remote.records if remote else 0)
         self.result.shipped.append(shipped)
         checkpoints = {"read": str(read), "write": str(write), "last_csn": str(last_csn) if last_csn else None}
         with self.store.transaction() as cur:
             if remote:
-                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
-                            " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                            (state.rmttrail, remote["seqno"], remote["path"], remote["records"], remote["bytes"],
-                             remote["sha256"], str(remote["first_csn"]), str(remote["last_csn"]), remote["log_bsn"],
-                             state.group))
+                catalog.register(cur, state.rmttrail, [remote], state.group)
             cur.execute("UPDATE trailbound.pump_checkpoint SET read_seqno = %s, read_rba = %s, write_seqno = %s,"
                         " write_rba = %s, last_csn = %s, last_csn_scn = %s, updated_at = now() WHERE group_name = %s",
                         (read.seqno, read.rba, write.seqno, write.rba, str(last_csn) if last_csn else None,
                          last_csn.scn if last_csn else None, state.group))
-            _set_reader_position(cur, state.exttrail, state.group, read)
+            catalog.set_reader_position(cur, state.exttrail, READER_KIND, state.group, read)
             cur.execute("INSERT INTO trailbound.pump_file (group_name, source_seqno, source_records, remote_seqno,"
                         " remote_records) VALUES (%s, %s, %s, %s, %s)",
                         (state.group, shipped.source_seqno, shipped.source_records, shipped.remote_seqno,
@@ -447,17 +423,16 @@ def describe_pump(store: MetadataStore, config: Config, group: str, *, showch: i
         state = load(cur, name)
         if state is None:
             raise TrailboundError(f"pump {name} is not added (it is added by its first run or `trailbound add pump`)")
-        cur.execute("SELECT max(seqno) AS last, count(*) FILTER (WHERE seqno >= %s) AS behind"
-                    " FROM trailbound.trail_file WHERE trail = %s", (state.next_source_seqno(), state.exttrail))
-        source = cur.fetchone()
+        last = catalog.extent(cur, state.exttrail).last
+        behind = len(catalog.committed_files(cur, state.exttrail, state.next_source_seqno()))
         cur.execute("SELECT * FROM trailbound.pump_run WHERE group_name = %s ORDER BY run_id DESC LIMIT %s",
                     (name, showch or 0))
         runs = cur.fetchall()
     status = "RUNNING" if is_running(store, "pump", name) else "STOPPED"
     mode = "PASSTHRU" if config.pump(name).table is None else f"TABLE {', '.join(config.pump(name).table)}"
     lines = [f"PUMP       {name:<9} Last Started {_time(state.last_started)[:16]}   Status {status}",
-             f"Source Trail         {state.exttrail} (committed up to seqno {source['last'] or 0}; "
-             f"{source['behind']} file(s) not shipped yet)",
+             f"Source Trail         {state.exttrail} (committed up to seqno {last or 0}; "
+             f"{behind} file(s) not shipped yet)",
              f"Read Checkpoint      Seqno {state.read.seqno}, RBA {state.read.rba}",
              f"Remote Trail         {state.rmttrail} ({mode})",
              f"Write Checkpoint     Seqno {state.write.seqno}, RBA {state.write.rba}, "

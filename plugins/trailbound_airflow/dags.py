@@ -95,12 +95,13 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             from trailbound.archive.catalog import ArchiveCatalog
             from trailbound.capture import checkpoints as ckpt
             from trailbound.positions import TrailPosition
+            from trailbound.trail import catalog
 
             hook = TrailboundHook()
             with hook.store() as store:
                 with store.transaction() as cur:
                     state = ckpt.load(cur, group)
-                    files = [Path(row["path"]) for row in ckpt.committed_trail_files(cur, state.exttrail)
+                    files = [Path(row["path"]) for row in catalog.committed_files(cur, str(state.exttrail))
                              if row["seqno"] > after_seqno]
                 segments = ArchiveCatalog(store, source).segments()
             report = quality.validate_trail_files(files, segments)

@@ -16,7 +16,8 @@ from pathlib import Path
 from psycopg2.extras import execute_values
 
 from trailbound.positions import Csn, LogPosition
-from trailbound.trail import TrailFileInfo
+from trailbound.trail import catalog
+from trailbound.trail.format import TrailFileInfo
 
 READ_KINDS = ("startup", "recovery", "current")
 
@@ -255,12 +256,7 @@ def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict,
     cur.execute("UPDATE trailbound.extract_write_checkpoint SET seqno = %s, rba = %s, last_csn = %s,"
                 " last_csn_scn = %s, written_at = now() WHERE group_name = %s",
                 (w.seqno, w.rba, str(w.last_csn) if w.last_csn else None, w.last_csn.scn if w.last_csn else None, g))
-    if files:
-        # A re-run after a crash rewrites the same seqnos: the committed rows win.
-        execute_values(cur, "INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256,"
-                            " first_csn, last_csn, log_bsn, written_by) VALUES %s",
-                       [(str(state.exttrail), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
-                         str(f.last_csn), f.log_bsn, g) for f in files])
+    catalog.register(cur, str(state.exttrail), files, g)
     cur.execute("DELETE FROM trailbound.open_transaction WHERE group_name = %s", (g,))
     if state.open:
         execute_values(cur, "INSERT INTO trailbound.open_transaction (group_name, xid, thread, start_sequence,"
@@ -301,11 +297,6 @@ def _update_registration(cur, state: ExtractState) -> None:
     required = replace(state, br_checkpoint=latest).required_scn(br_usable=state.br_suspended is None)
     cur.execute("UPDATE trailbound.capture_registration SET required_scn = %s, updated_at = now(),"
                 " needs_restore = NULL WHERE group_name = %s", (required, state.group))
-
-
-def committed_trail_files(cur, trail: Path) -> list[dict]:
-    cur.execute("SELECT * FROM trailbound.trail_file WHERE trail = %s ORDER BY seqno", (str(trail),))
-    return cur.fetchall()
 
 
 def history(cur, group: str, count: int) -> list[dict]:

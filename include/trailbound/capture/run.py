@@ -36,7 +36,7 @@ from trailbound.errors import ArchiveError, TrailboundError
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
-from trailbound import trail as trails
+from trailbound.trail import format as trails
 
 CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "after_br_persist",
                 "after_checkpoint_commit")

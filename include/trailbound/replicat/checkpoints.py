@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trailbound.positions import Csn, TrailPosition
+from trailbound.trail import catalog
+from trailbound.trail.catalog import committed_files  # noqa: F401  (quality.py reads it here until it imports the catalog)
 
 READER_KIND = "replicat"
 
@@ -65,21 +67,13 @@ def add_group(cur, group: str, exttrail: str, checkpoint_table: str) -> None:
     cur.execute("INSERT INTO trailbound.replicat_group (group_name, exttrail, checkpoint_table) VALUES (%s, %s, %s)",
                 (group, exttrail, checkpoint_table))
     cur.execute("INSERT INTO trailbound.replicat_checkpoint (group_name) VALUES (%s)", (group,))
-    _set_reader_position(cur, exttrail, group, TrailPosition(0, 0))
-
-
-def _set_reader_position(cur, trail: str, group: str, position: TrailPosition) -> None:
-    cur.execute("INSERT INTO trailbound.trail_reader (trail, reader_kind, group_name, seqno, rba)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (trail, reader_kind, group_name)"
-                " DO UPDATE SET seqno = EXCLUDED.seqno, rba = EXCLUDED.rba, updated_at = now()",
-                (trail, READER_KIND, group, position.seqno, position.rba))
+    catalog.set_reader_position(cur, exttrail, READER_KIND, group, TrailPosition(0, 0))
 
 
 def switch_trail(cur, state: ReplicatState, exttrail: str, checkpoint_table: str) -> None:
     """ALTER REPLICAT ... EXTTRAIL: read another trail from now on (re-created lost trails).
     The group stops holding the old trail against purge."""
-    cur.execute("DELETE FROM trailbound.trail_reader WHERE trail = %s AND reader_kind = %s AND group_name = %s",
-                (state.exttrail, READER_KIND, state.group))
+    catalog.drop_reader(cur, READER_KIND, state.group, state.exttrail)
     cur.execute("UPDATE trailbound.replicat_group SET exttrail = %s, checkpoint_table = %s WHERE group_name = %s",
                 (exttrail, checkpoint_table, state.group))
     state.exttrail, state.checkpoint_table = exttrail, checkpoint_table
@@ -93,7 +87,7 @@ def save(cur, state: ReplicatState, checkpoint: Checkpoint) -> None:
                 " log_bsn = %s, audit_ts = %s, updated_at = now() WHERE group_name = %s",
                 (checkpoint.position.seqno, checkpoint.position.rba, str(csn) if csn else None,
                  csn.scn if csn else None, checkpoint.log_bsn, checkpoint.audit_ts, state.group))
-    _set_reader_position(cur, state.exttrail, state.group, checkpoint.position)
+    catalog.set_reader_position(cur, state.exttrail, READER_KIND, state.group, checkpoint.position)
     state.checkpoint = checkpoint
 
 
@@ -122,11 +116,4 @@ def record_run(cur, state: ReplicatState, run: dict) -> None:
 def history(cur, group: str, count: int) -> list[dict]:
     cur.execute("SELECT * FROM trailbound.replicat_run WHERE group_name = %s ORDER BY run_id DESC LIMIT %s",
                 (group, count))
-    return cur.fetchall()
-
-
-def committed_files(cur, trail: str, from_seqno: int) -> list[dict]:
-    """The committed files of a trail from `from_seqno` on: the end of what a reader may read."""
-    cur.execute("SELECT * FROM trailbound.trail_file WHERE trail = %s AND seqno >= %s ORDER BY seqno",
-                (trail, from_seqno))
     return cur.fetchall()

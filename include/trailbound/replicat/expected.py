@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from trailbound import trail as trails
+from trailbound.trail import format as trails
 from trailbound.archive.segments import TableDef
 from trailbound.positions import TrailPosition
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from trailbound import trailfs
+from trailbound.trail import fs as trailfs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import lag, timestamp

@@ -41,12 +41,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import psycopg2
 
-from trailbound import trail as trails
-from trailbound import trailfs
 from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
-from trailbound.errors import TrailboundError
+from trailbound.errors import TrailboundError, TrailError
 from trailbound.grouplock import GroupBusy, GroupLock, lock_key
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
@@ -58,6 +56,9 @@ from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastA
                                        ReplayStats, record_key)
 from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
                                            resolve_chains)
+from trailbound.trail import catalog
+from trailbound.trail import format as trails
+from trailbound.trail import fs as trailfs
 
 log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
@@ -121,12 +122,11 @@ class TrailFile:
 def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple[list[TrailFile], int]:
     """The committed files still to read from `start`, and the rba to start at in the
     first. Only files listed in trail_file exist for a reader; they must follow on."""
-    rows = ckpt.committed_files(cur, state.exttrail, start.seqno)
+    rows = catalog.committed_files(cur, state.exttrail, start.seqno)
     if start.seqno == 0:
         rows, rba = rows, 0
     elif not rows or rows[0]["seqno"] != start.seqno:
-        cur.execute("SELECT max(seqno) AS last FROM trailbound.trail_file WHERE trail = %s", (state.exttrail,))
-        last = cur.fetchone()["last"]
+        last = catalog.extent(cur, state.exttrail).last
         if last is not None and last > start.seqno:
             raise TrailboundError(f"replicat {state.group} is at trail file seqno {start.seqno} of {state.exttrail}, "
                                   f"which the trail does not list; {LOST_TRAIL_HINT}")
@@ -138,26 +138,18 @@ def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple
                                   f"holds {rows[0]['records']} records")
         if rba == rows[0]["records"]:
             rows, rba = rows[1:], 0
-    files, expected = [], rows[0]["seqno"] if rows else None
-    for row in rows:
-        if row["seqno"] != expected:
-            raise TrailboundError(f"trail {state.exttrail}: file seqno {expected} is missing from the committed trail "
-                                  f"(the next listed is {row['seqno']})")
-        if row.get("purged_at") is not None:
-            raise TrailboundError(f"{row['path']}: purged at {row['purged_at']:%Y-%m-%d %H:%M:%S}, but replicat "
-                                  f"{state.group} still needs it; {LOST_TRAIL_HINT}")
-        files.append(TrailFile(row["seqno"], row["path"], row["records"], row["sha256"]))
-        expected += 1
-    return files, rba
+    catalog.check_following(state.exttrail, rows, rows[0]["seqno"] if rows else 0, reader=f"replicat {state.group}",
+                            hint=LOST_TRAIL_HINT)
+    return [TrailFile(row["seqno"], row["path"], row["records"], row["sha256"]) for row in rows], rba
 
 
 def _read(file: TrailFile, fs) -> pa.Table:
     if not fs.exists(file.path):
-        raise trails.TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}")
+        raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}")
     remote = fs is not trailfs.LOCAL
     table = trails.read_file(file.path, fs=fs if remote else None, sha256=file.sha256 if remote else None)
     if len(table) != file.records:
-        raise trails.TrailError(file.path, f"holds {len(table)} records; the trail lists {file.records}")
+        raise TrailError(file.path, f"holds {len(table)} records; the trail lists {file.records}")
     return table
 
 
@@ -221,14 +213,14 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
     ind = records.column("trans_ind").to_numpy()
     starts = np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
     if n and (not len(starts) or starts[0] != 0):
-        raise trails.TrailError(files[0].path, "not the start of a transaction: replicat positions at transaction "
+        raise TrailError(files[0].path, "not the start of a transaction: replicat positions at transaction "
                                                "boundaries (alter replicat ... extrba)", rba=start_rba)
     stops = np.append(starts[1:], n)
     unfinished = np.flatnonzero(~np.isin(ind[stops - 1], (trails.END, trails.WHOLE)))
     if len(unfinished):
         at = int(stops[unfinished[0]] - 1)
         seqno = int(records.column("seqno")[at].as_py())
-        raise trails.TrailError(next(f.path for f in files if f.seqno == seqno),
+        raise TrailError(next(f.path for f in files if f.seqno == seqno),
                                 "a transaction does not end before its trail file does",
                                 rba=int(records.column("rba")[at].as_py()))
     csn_columns = [records.column(c).to_numpy()[starts] for c in ("csn", "csn_thread", "csn_sequence", "csn_rba")]
@@ -755,17 +747,6 @@ def csn_bound(how: str, text: str) -> Csn:
     return Csn(csn.scn + 1) if bare else csn
 
 
-def _position_for(cur, trail: str, bound: Csn) -> TrailPosition:
-    """The first committed file holding a transaction above `bound` (from its start);
-    past the end of the trail when none does yet."""
-    cur.execute("SELECT seqno, records, last_csn FROM trailbound.trail_file WHERE trail = %s ORDER BY seqno", (trail,))
-    rows = cur.fetchall()
-    for row in rows:
-        if Csn.parse(row["last_csn"]) > bound:
-            return TrailPosition(row["seqno"], 0)
-    return TrailPosition(rows[-1]["seqno"], rows[-1]["records"]) if rows else TrailPosition(0, 0)
-
-
 def reposition(store: MetadataStore, config: Config, group: str, words: list[str], *,
                target_dsn: str | None = None) -> str:
     """ALTER REPLICAT group atcsn N | aftercsn N | extseqno S [extrba R]: writes the new
@@ -782,7 +763,7 @@ def reposition(store: MetadataStore, config: Config, group: str, words: list[str
             except ValueError as exc:
                 raise TrailboundError(f"{exc}; {usage}") from None
             with store.transaction() as cur:
-                position = _position_for(cur, state.exttrail, bound)
+                position = catalog.position_after(cur, state.exttrail, bound)
             log_csn, what = bound, f"{lowered[0]} {words[1]}: transactions at or below CSN {bound} count as applied"
         elif lowered[:1] == ["extseqno"] and len(words) in (2, 4) and (len(words) == 2 or lowered[2] == "extrba"):
             try:

@@ -20,10 +20,11 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from trailbound import trailfs
 from trailbound.config import Config
 from trailbound.metadata import MetadataStore
 from trailbound.positions import TrailPosition
+from trailbound.trail import catalog
+from trailbound.trail import fs as trailfs
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,8 @@ class PurgeResult:
 
 
 def _readers(cur, config: Config, trail: str) -> list[Reader]:
-    cur.execute("SELECT reader_kind, group_name, seqno, rba FROM trailbound.trail_reader WHERE trail = %s"
-                " ORDER BY reader_kind, group_name", (trail,))
-    readers = [Reader(r["reader_kind"], r["group_name"], TrailPosition(r["seqno"], r["rba"])) for r in cur.fetchall()]
+    readers = [Reader(r["reader_kind"], r["group_name"], TrailPosition(r["seqno"], r["rba"]))
+               for r in catalog.reader_positions(cur, trail)]
     registered = {r.group.upper() for r in readers if r.kind == "pump"}
     for name, pump in config.pumps.items():
         if config.trail_location(pump.exttrail) == trail and name.upper() not in registered:
@@ -132,8 +132,7 @@ def decide(files: list[dict], readers: list[Reader], *, minkeephours: float, min
 
 def trails_with_files(store: MetadataStore) -> list[str]:
     with store.transaction() as cur:
-        cur.execute("SELECT DISTINCT trail FROM trailbound.trail_file WHERE purged_at IS NULL ORDER BY trail")
-        return [row["trail"] for row in cur.fetchall()]
+        return catalog.trails_with_files(cur)
 
 
 def needs_spark(store: MetadataStore) -> bool:
@@ -152,11 +151,9 @@ def purge_trails(store: MetadataStore, config: Config, *, spark=None, dry_run: b
         with store.transaction() as cur:
             if not dry_run:
                 # Readers may neither register nor move until this trail's purge commits.
-                cur.execute("LOCK TABLE trailbound.trail_reader IN SHARE MODE")
+                catalog.lock_readers(cur)
             readers = _readers(cur, config, trail)
-            cur.execute("SELECT seqno, path, records, created_at FROM trailbound.trail_file"
-                        " WHERE trail = %s AND purged_at IS NULL ORDER BY seqno", (trail,))
-            files = cur.fetchall()
+            files = catalog.unpurged_files(cur, trail)
             outcome = TrailOutcome(trail, readers, decide(files, readers, minkeephours=rules.minkeephours,
                                                           minkeepfiles=rules.minkeepfiles, now=now))
             result.trails.append(outcome)
@@ -169,8 +166,7 @@ def purge_trails(store: MetadataStore, config: Config, *, spark=None, dry_run: b
                 # next purge marks; the other order could leave a file nothing tracks.
                 if not fs.delete(verdict.path):
                     outcome.already_gone.append(verdict.seqno)
-                cur.execute("UPDATE trailbound.trail_file SET purged_at = now() WHERE trail = %s AND seqno = %s",
-                            (trail, verdict.seqno))
+                catalog.mark_purged(cur, trail, verdict.seqno)
                 cur.execute("INSERT INTO trailbound.trail_purge (trail, seqno, path, records, reason, readers)"
                             " VALUES (%s, %s, %s, %s, %s, %s)",
                             (trail, verdict.seqno, verdict.path, verdict.records, verdict.reason, positions))

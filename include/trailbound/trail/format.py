@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trailbound.errors import TrailboundError
+from trailbound.errors import TrailboundError, TrailError
 from trailbound.positions import Csn, TrailPosition
 
 FORMAT_VERSION = 1
@@ -56,15 +56,6 @@ COLUMNS = SCHEMA.names
 _ORDER_KEY = ("csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba")
 
 
-class TrailError(TrailboundError):
-    """A trail file that is not what its metadata says. Names the file (and rba)."""
-
-    def __init__(self, path, message: str, rba: int | None = None):
-        where = f"{path}" if rba is None else f"{path} rba {rba}"
-        super().__init__(f"{where}: {message}")
-        self.path, self.rba = str(path), rba
-
-
 def trail_path(prefix: Path, seqno: int) -> Path:
     return prefix.with_name(f"{prefix.name}{seqno:09d}")
 
@@ -76,7 +67,7 @@ def csn_of(row: dict) -> Csn:
 @dataclass(frozen=True)
 class TrailFileInfo:
     seqno: int
-    path: Path
+    path: Path | str       # a local path; a remote trail's file is its location text
     records: int
     bytes: int
     sha256: str        # of the whole file, for shipping checks
@@ -216,12 +207,12 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
     """The records of a trail file; with `verify`, checked against its own metadata.
 
     `path` may be a trail location on another filesystem (an s3a:// or hdfs:// URI) read
-    through `fs`, a `trailfs` filesystem. `sha256`, the whole file's SHA-256 as recorded in
+    through `fs`, a `trailbound.trail.fs` filesystem. `sha256`, the whole file's SHA-256 as recorded in
     trailbound.trail_file, is checked before anything is decoded: a remote copy that is
     not the file that was committed stops the reader with the file's name."""
     source = None
     if fs is not None or sha256 is not None:
-        from trailbound import trailfs
+        from trailbound.trail import fs as trailfs
 
         source = (fs or trailfs.LOCAL).read_bytes(str(path))
         if sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:

@@ -20,16 +20,9 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
-from trailbound.errors import TrailboundError
+from trailbound.errors import TrailboundError, TrailError
 
 _CHUNK = 1 << 20
-
-
-def _error(location: str, message: str) -> TrailboundError:
-    # Imported here so that this module stays importable without pyarrow (config uses it).
-    from trailbound.trail import TrailError
-
-    return TrailError(location, message)
 
 
 # ---------------------------------------------------------------- locations (pure text)
@@ -64,7 +57,7 @@ def split(location: str) -> tuple[str, str]:
 
 
 def file_location(prefix: str, seqno: int) -> str:
-    """The location of trail file `seqno` of the trail at `prefix` (like trail.trail_path)."""
+    """The location of trail file `seqno` of the trail at `prefix` (like format.trail_path)."""
     return f"{prefix}{seqno:09d}"
 
 
@@ -98,13 +91,13 @@ class LocalTrailFS:
         try:
             return local_path(location).read_bytes()
         except OSError as exc:
-            raise _error(location, f"cannot read: {exc.strerror}") from None
+            raise TrailError(location, f"cannot read: {exc.strerror}") from None
 
     def download(self, location: str, destination: Path) -> None:
         try:
             shutil.copyfile(local_path(location), destination)
         except OSError as exc:
-            raise _error(location, f"cannot read: {exc.strerror}") from None
+            raise TrailError(location, f"cannot read: {exc.strerror}") from None
 
     def upload(self, source: Path, location: str, *, on_chunk: Callable[[], None] | None = None) -> None:
         """Copy a local file to `location`, durably (fsync). `on_chunk` runs after each
@@ -120,13 +113,13 @@ class LocalTrailFS:
                         on_chunk()
                 os.fsync(writer.fileno())
         except OSError as exc:
-            raise _error(location, f"cannot write: {exc.strerror}") from None
+            raise TrailError(location, f"cannot write: {exc.strerror}") from None
 
     def sha256(self, location: str) -> str:
         try:
             return sha256_of_file(local_path(location))
         except OSError as exc:
-            raise _error(location, f"cannot read: {exc.strerror}") from None
+            raise TrailError(location, f"cannot read: {exc.strerror}") from None
 
     def size(self, location: str) -> int:
         return local_path(location).stat().st_size
@@ -176,7 +169,7 @@ class HadoopTrailFS:
             return action()
         except Py4JJavaError as exc:
             java = exc.java_exception
-            raise _error(location, f"cannot {what}: {java.getClass().getName()}: {java.getMessage()}") from None
+            raise TrailError(location, f"cannot {what}: {java.getClass().getName()}: {java.getMessage()}") from None
 
     def read_bytes(self, location: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="trailbound-read-") as scratch:
@@ -231,7 +224,7 @@ class HadoopTrailFS:
                 fs.delete(dst, False)
             return fs.rename(src, dst)
         if not self._call(target, "rename into place", rename):
-            raise _error(target, f"cannot rename {source} into place")
+            raise TrailError(target, f"cannot rename {source} into place")
 
     def delete(self, location: str) -> bool:
         def delete():
