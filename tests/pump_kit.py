@@ -120,7 +120,7 @@ def set_reader(store, trail_key: str, kind: str, group: str, seqno: int, rba: in
 
 
 def pump_state(store, group: str = "PMP1"):
-    from trailbound.pump import load
+    from trailbound.pump.checkpoints import load
 
     with store.transaction() as cur:
         return load(cur, group)

@@ -26,7 +26,8 @@ from trailbound.trail import format as trail
 from trailbound.trail import fs as trailfs
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ConfigError, TrailboundError
-from trailbound.pump import CRASH_POINTS, filter_records, run_pump
+from trailbound.pump.filter import filter_records
+from trailbound.pump.run import CRASH_POINTS, run_pump
 from trailbound.positions import TrailPosition
 from trailbound.trail.purge import Reader, decide, purge_trails
 

@@ -32,7 +32,8 @@ from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
 from trailbound.replicat.netchange import Shape, copy_lines, format_line, net_changes, net_rows
-from trailbound.replicat.run import TrailFile, plan_chunk, run_replicat
+from trailbound.replicat.chunks import TrailFile, plan_chunk
+from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 

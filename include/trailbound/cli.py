@@ -320,7 +320,7 @@ def logdump(ctx: Context) -> int:
 # ---------------------------------------------------------------- pump and trail purge
 
 def pump_run(ctx: Context) -> int:
-    from trailbound.pump import needs_spark, run_pump
+    from trailbound.pump.run import needs_spark, run_pump
 
     name = ctx.config.pump_name(ctx.args.group)
     spark = ctx.spark if needs_spark(ctx.config, name) else None  # local trails need no JVM
@@ -329,7 +329,7 @@ def pump_run(ctx: Context) -> int:
 
 
 def add_pump(ctx: Context) -> int:
-    from trailbound.pump import ensure_pump, load
+    from trailbound.pump.checkpoints import ensure_pump, load
 
     name = ctx.config.pump_name(ctx.args.group)
     with ctx.store.transaction() as cur:
@@ -342,7 +342,7 @@ def add_pump(ctx: Context) -> int:
 
 
 def delete_pump(ctx: Context) -> int:
-    from trailbound.pump import delete_pump as delete
+    from trailbound.pump.checkpoints import delete_pump as delete
 
     state = delete(ctx.store, ctx.config, ctx.args.group)
     print(f"PUMP {state.group} deleted: it no longer holds {state.exttrail} against purge "
@@ -351,7 +351,7 @@ def delete_pump(ctx: Context) -> int:
 
 
 def info_pump(ctx: Context) -> int:
-    from trailbound.pump import describe_pump
+    from trailbound.pump.info import describe_pump
 
     print(describe_pump(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
     return 0
@@ -395,7 +395,7 @@ def add_checkpointtable(ctx: Context) -> int:
 
 
 def alter_replicat(ctx: Context) -> int:
-    from trailbound.replicat.run import reposition
+    from trailbound.replicat.alter import reposition
 
     print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change))
     return 0

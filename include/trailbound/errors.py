@@ -18,6 +18,14 @@ class ArchiveError(TrailboundError):
         super().__init__(f"{where}: {message}")
 
 
+def changed_since_added(group: str, added: str, now: str, remedy: str) -> TrailboundError:
+    """A group's configuration no longer says what the group was added with (its trail,
+    source or checkpoint table): refused, since its checkpoints belong to the old one.
+    `group` is e.g. "pump PMP1"; `remedy` what the user may do instead of restoring."""
+    return TrailboundError(f"{group} was added {added}; the configuration now says {now}. Restore the "
+                           f"configuration, or {remedy}")
+
+
 class ConfigError(TrailboundError):
     """The configuration file is invalid. Names the file and the key."""
 

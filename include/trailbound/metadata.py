@@ -16,6 +16,7 @@ from typing import Iterator
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
+from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
 
@@ -116,3 +117,14 @@ class MetadataStore:
                 )
                 applied_now.append(version)
         return applied_now
+
+
+def load_group_row(cur, kind: str, group: str, checkpoint_columns: tuple[str, ...]) -> dict | None:
+    """A pump's or replicat's group row joined with its checkpoint row (tables
+    trailbound.<kind>_group and <kind>_checkpoint), the group name matched case-blind."""
+    cur.execute(sql.SQL("SELECT g.*, {} FROM {} g JOIN {} c USING (group_name)"
+                        " WHERE upper(g.group_name) = upper(%s)").format(
+                    sql.SQL(", ").join(sql.Identifier("c", column) for column in checkpoint_columns),
+                    sql.Identifier(SCHEMA, f"{kind}_group"), sql.Identifier(SCHEMA, f"{kind}_checkpoint")),
+                (group,))
+    return cur.fetchone()

@@ -1,7 +1,14 @@
 """Replicat: apply a trail to PostgreSQL exactly once through a checkpoint table.
 
-`run.py` is one run; `netchange.py` the Spark transform it uses; `apply.py` the target
-side (staging, merge, record-by-record replay); `checkpoint_table.py` the target's
-checkpoint table; `checkpoints.py` the metadata store's side; `target.py` the target's
-catalog and table mapping; `info.py` INFO REPLICAT. See docs/replicat.md.
+`run.py` is one run; `chunks.py` plans a chunk of trail records (transactions, groups,
+units, what is already applied); `netrows.py` turns a chunk into COPY lines, through
+`netchange.py` (the Spark transform) and `direct.py` (units that are their own net
+change); `apply.py` the target side (staging, merge, record-by-record replay);
+`checkpoint_table.py` the target's checkpoint table; `checkpoints.py` the metadata
+store's side; `alter.py` ALTER REPLICAT; `target.py` the target's catalog and table
+mapping; `info.py` INFO REPLICAT; `expected.py` what a replica should hold. See
+docs/replicat.md.
+
+Replicat reads trails only through `trailbound.trail`. The command line, the Airflow
+plugin, `quality.py` and tests import it; capture, pump and retention never do.
 """

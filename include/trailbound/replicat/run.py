@@ -25,7 +25,6 @@ what it holds: nothing is applied twice and nothing is lost.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import threading
@@ -35,27 +34,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import psycopg2
 
 from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
-from trailbound.errors import TrailboundError, TrailError
+from trailbound.errors import TrailboundError, TrailError, changed_since_added
 from trailbound.grouplock import GroupBusy, GroupLock, lock_key
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
-from trailbound.replicat import direct
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
                                        ReplayStats, record_key)
-from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
-                                           resolve_chains)
+from trailbound.replicat.chunks import Chunk, Group, TrailFile, plan_chunk
+from trailbound.replicat.netrows import compute_net
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 from trailbound.trail import fs as trailfs
@@ -103,21 +98,13 @@ def ensure_group(store: MetadataStore, config: Config, group: str, *, adopt: boo
         if adopt:
             ckpt.switch_trail(cur, state, exttrail, checkpoint_table)
             return state
-    raise TrailboundError(
-        f"replicat {name} was added reading trail {state.exttrail} with checkpoint table {state.checkpoint_table}; "
-        f"the configuration now says {exttrail} and {checkpoint_table}. Restore the configuration, or start reading "
-        f"the new one with `trailbound alter replicat {name} extseqno S extrba R` (see docs/replicat.md)")
+    raise changed_since_added(f"replicat {name}", f"reading trail {state.exttrail} with checkpoint table "
+                              f"{state.checkpoint_table}", f"{exttrail} and {checkpoint_table}",
+                              f"start reading the new one with `trailbound alter replicat {name} extseqno S extrba R` "
+                              "(see docs/replicat.md)")
 
 
 # ---------------------------------------------------------------- reading the trail
-
-@dataclass(frozen=True)
-class TrailFile:
-    seqno: int
-    path: str
-    records: int
-    sha256: str
-
 
 def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple[list[TrailFile], int]:
     """The committed files still to read from `start`, and the rba to start at in the
@@ -151,277 +138,6 @@ def _read(file: TrailFile, fs) -> pa.Table:
     if len(table) != file.records:
         raise TrailError(file.path, f"holds {len(table)} records; the trail lists {file.records}")
     return table
-
-
-# ---------------------------------------------------------------- planning a chunk
-
-@dataclass
-class Group:
-    """Source transactions applied in one target transaction."""
-
-    txns: list[int]                      # transaction ordinals in the chunk
-    units: list[tuple[int, str | None]]  # (unit, table it truncates or None), in order
-    end: TrailPosition                   # position after its last record
-    log_csn: Csn
-    log_xid: str
-    cmplt_xids: list[str]
-    audit_ts: datetime
-    log_bsn: int
-    operations: int
-
-
-@dataclass
-class Chunk:
-    files: list[TrailFile]
-    records: pa.Table                    # the chunk's records, with their seqno
-    txn_starts: np.ndarray               # first record of each transaction
-    groups: list[Group]
-    skipped: int                         # transactions at or below log_csn
-    end: TrailPosition
-    unit_of_record: np.ndarray           # each record's unit (meaningful for applied records)
-    group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
-    net: "NetRows | None" = None
-
-    def transaction(self, txn: int) -> list[dict]:
-        start = int(self.txn_starts[txn])
-        stop = int(self.txn_starts[txn + 1]) if txn + 1 < len(self.txn_starts) else len(self.records)
-        return self.records.slice(start, stop - start).to_pylist()
-
-    def path_of(self, seqno: int) -> str:
-        return next(f.path for f in self.files if f.seqno == seqno)
-
-
-def _csn_le(columns: list[np.ndarray], bound: Csn) -> np.ndarray:
-    """Vectorised (scn, thread, sequence, rba) <= bound, lexicographically."""
-    result = np.ones(len(columns[0]), dtype=bool)
-    for column, limit in reversed(list(zip(columns, (bound.scn, bound.thread, bound.sequence, bound.rba)))):
-        result = (column < limit) | ((column == limit) & result)
-    return result
-
-
-def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, log_csn: Csn | None,
-               grouptransops: int) -> Chunk:
-    """Everything about a chunk that needs no Spark: transactions, what is skipped,
-    groups, units and each group's checkpoint values."""
-    parts = []
-    for index, (file, table) in enumerate(zip(files, tables)):
-        if index == 0 and start_rba:
-            table = table.slice(start_rba)
-        parts.append(table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64))))
-    records = pa.concat_tables(parts) if parts else pa.table({})  # chunked: no copy of the images
-    n = len(records)
-    ind = records.column("trans_ind").to_numpy()
-    starts = np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
-    if n and (not len(starts) or starts[0] != 0):
-        raise TrailError(files[0].path, "not the start of a transaction: replicat positions at transaction "
-                                               "boundaries (alter replicat ... extrba)", rba=start_rba)
-    stops = np.append(starts[1:], n)
-    unfinished = np.flatnonzero(~np.isin(ind[stops - 1], (trails.END, trails.WHOLE)))
-    if len(unfinished):
-        at = int(stops[unfinished[0]] - 1)
-        seqno = int(records.column("seqno")[at].as_py())
-        raise TrailError(next(f.path for f in files if f.seqno == seqno),
-                                "a transaction does not end before its trail file does",
-                                rba=int(records.column("rba")[at].as_py()))
-    csn_columns = [records.column(c).to_numpy()[starts] for c in ("csn", "csn_thread", "csn_sequence", "csn_rba")]
-    skip = _csn_le(csn_columns, log_csn) if log_csn is not None else np.zeros(len(starts), dtype=bool)
-    ops = (stops - starts).tolist()
-    truncating = np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
-    has_truncate = (np.add.reduceat(truncating.astype(np.int64), starts) > 0).tolist() if n else []
-
-    group_of_txn = np.full(len(starts), -1, dtype=np.int64)
-    group, size = -1, 0
-    for txn, (skipped, count, truncates) in enumerate(zip(skip.tolist(), ops, has_truncate)):
-        if skipped:
-            continue
-        if group < 0 or size >= grouptransops or (truncates and size):
-            group, size = group + 1, 0
-        group_of_txn[txn] = group
-        size += count
-
-    # Units: a new one at each group's first record, at each TRUNCATE and just after it.
-    boundary = np.zeros(n + 1, dtype=bool)
-    applied_txns = np.flatnonzero(group_of_txn >= 0)
-    if len(applied_txns):
-        firsts = applied_txns[np.r_[True, group_of_txn[applied_txns][1:] != group_of_txn[applied_txns][:-1]]]
-        boundary[starts[firsts]] = True
-    truncate_at = np.flatnonzero(truncating)
-    boundary[truncate_at] = True
-    boundary[truncate_at + 1] = True
-    unit_of_record = np.cumsum(boundary[:n]) - 1
-
-    seqnos = records.column("seqno").to_numpy()
-    rbas = records.column("rba").to_numpy()
-    xids = records.column("xid")
-    tables = records.column("table")
-    commit_ts = records.column("commit_ts")
-    bsns = records.column("log_bsn").to_numpy()
-    truncated_table = {int(unit_of_record[r]): tables[int(r)].as_py() for r in truncate_at}
-    groups: list[Group] = []
-    if len(applied_txns):
-        txn_groups = group_of_txn[applied_txns]
-        cuts = np.flatnonzero(np.r_[True, txn_groups[1:] != txn_groups[:-1], True])
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            txns = applied_txns[a:b].tolist()
-            last_txn = txns[-1]
-            last = int(stops[last_txn] - 1)
-            csn_at = lambda t: Csn(*(int(col[t]) for col in csn_columns))  # noqa: E731
-            last_csn = csn_at(last_txn)
-            # Units never cross groups, and their numbers increase along the trail.
-            first_unit, last_unit = int(unit_of_record[starts[txns[0]]]), int(unit_of_record[last])
-            units = [(unit, truncated_table.get(unit)) for unit in range(first_unit, last_unit + 1)]
-            groups.append(Group(
-                txns=txns, units=units, end=TrailPosition(int(seqnos[last]), int(rbas[last]) + 1), log_csn=last_csn,
-                log_xid=xids[int(starts[last_txn])].as_py(),
-                cmplt_xids=[xids[int(starts[t])].as_py() for t in txns if int(csn_columns[0][t]) == last_csn.scn],
-                audit_ts=commit_ts[int(starts[last_txn])].as_py(), log_bsn=int(bsns[last]),
-                operations=int(sum(ops[t] for t in txns))))
-    end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
-    return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn)
-
-
-# ---------------------------------------------------------------- net rows from Spark
-
-@dataclass
-class UnitTable:
-    table: str
-    staged: tuple[int, int, int] | None = None       # (part, first line, past the last)
-    counts: dict[str, int] = field(default_factory=dict)
-    inserts: tuple[int, int, int] | None = None
-    unresolved: bool = False
-
-
-class NetRows:
-    """COPY lines for a chunk, as slices: the lines of one (unit, table, step) are one
-    contiguous slice of one part's data buffer, sent as is. A part must hold each
-    (unit, table, step) contiguously (Arrow-made lines do, table by table); Spark's are
-    sorted first."""
-
-    def __init__(self, parts: list[pa.Table]):
-        self._buffers: list[tuple[memoryview, np.ndarray]] = []
-        self.units: dict[int, list[UnitTable]] = {}
-        for table in parts:
-            if len(table):
-                self._add(table)
-
-    def _add(self, table: pa.Table) -> None:
-        part = len(self._buffers)
-        lines = table.column("line").combine_chunks()
-        if not pa.types.is_large_string(lines.type):
-            lines = lines.cast(pa.large_string())
-        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
-        self._buffers.append((memoryview(lines.buffers()[2]) if lines.buffers()[2] is not None else memoryview(b""),
-                              offsets))
-        units = table.column("unit").to_numpy()
-        steps = table.column("step").to_numpy()
-        names = table.column("table").combine_chunks().dictionary_encode()
-        codes = names.indices.to_numpy()
-        dictionary = names.dictionary.to_pylist()
-        kinds = table.column("kind").to_numpy(zero_copy_only=False)
-        cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
-                                    (steps[1:] != steps[:-1]), True])
-        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            unit, name, step = int(units[a]), dictionary[codes[a]], int(steps[a])
-            entries = self.units.setdefault(unit, [])
-            entry = next((e for e in entries if e.table == name), None)
-            if entry is None:
-                entry = UnitTable(name)
-                entries.append(entry)
-            if step == 0:
-                entry.unresolved = True
-            elif step == 1:
-                entry.staged = (part, a, b)
-                found, counts = np.unique(kinds[a:b], return_counts=True)
-                entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
-            else:
-                entry.inserts = (part, a, b)
-
-    def view(self, span: tuple[int, int, int] | None) -> memoryview | None:
-        if span is None:
-            return None
-        part, a, b = span
-        data, offsets = self._buffers[part]
-        return data[int(offsets[a]):int(offsets[b])]
-
-
-def _grouped(table: pa.Table) -> pa.Table:
-    """Lines sorted so that each (unit, table, step) is contiguous."""
-    if not len(table):
-        return table
-    return table.take(pc.sort_indices(table, sort_keys=[("unit", "ascending"), ("table", "ascending"),
-                                                        ("step", "ascending")]))
-
-
-def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
-                timer: "_Timer | None" = None) -> NetRows | None:
-    """The COPY lines of the chunk's applied DML records: units that are their own net
-    change are formatted on the driver (direct.py); the rest goes to Spark."""
-    records = chunk.records
-    n = len(records)
-    if not chunk.groups:
-        return None
-    began = time.perf_counter()
-    applied = np.repeat(chunk.group_of_txn >= 0, np.diff(np.append(chunk.txn_starts, n)))
-    dml = applied & ~np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
-    mapped_names = [name for name, plan in plans.items() if plan is not None]
-    dml &= np.asarray(pc.is_in(records.column("table"), pa.array(mapped_names, pa.string()))
-                      .to_numpy(zero_copy_only=False), dtype=bool)
-    chosen = np.flatnonzero(dml)
-    if not len(chosen):
-        return NetRows([])
-    selected = records if len(chosen) == n else records.take(pa.array(chosen))
-    data = pa.table({"unit": pa.array(chunk.unit_of_record[chosen].astype(np.int64)),
-                     "seq": pa.array(chosen.astype(np.int64)), "table": selected.column("table"),
-                     "op": selected.column("op"), "before": selected.column("before"),
-                     "after": selected.column("after")})
-    direct_lines, rest = direct.split(data, {name: plans[name] for name in mapped_names})
-    parts = [direct_lines]
-    if timer:
-        timer.add("prepare: net change, units that are their own (Arrow)", time.perf_counter() - began)
-    if rest.any():
-        began = time.perf_counter()
-        data = data.filter(pa.array(rest))
-        present = set(pc.unique(data.column("table")).to_pylist())
-        inputs, outputs = workdir / "in", workdir / "out"
-        shutil.rmtree(workdir, ignore_errors=True)
-        inputs.mkdir(parents=True)
-        # Several files, so that Spark reads (and parses the images) in parallel.
-        pieces = max(1, min(spark.sparkContext.defaultParallelism, len(data) // 20_000))
-        step = -(-len(data) // pieces)
-        for number, offset in enumerate(range(0, len(data), step)):
-            pq.write_table(data.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
-        shapes = {name: Shape.of(plans[name].columns, plans[name].key) for name in sorted(present)}
-        net = net_changes(spark.read.parquet(str(inputs)), shapes)
-        copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
-        parts.append(_grouped(_with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes)))
-        shutil.rmtree(workdir, ignore_errors=True)
-        if timer:
-            timer.add("prepare: net change (Spark)", time.perf_counter() - began)
-    began = time.perf_counter()
-    rows = NetRows(parts)
-    if timer:
-        timer.add("prepare: index the COPY lines", time.perf_counter() - began)
-    return rows
-
-
-_NET_LINES = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
-                        ("line", pa.string())])
-
-
-def _with_chains_resolved(lines: pa.Table, shapes: dict[str, Shape]) -> pa.Table:
-    """Replace Spark's linked lifetimes (kind L: rows moved by key updates) with the net
-    rows their chains come to."""
-    linked = pc.equal(lines.column("kind"), "L")
-    if not pc.any(linked).as_py():
-        return lines
-    lifetimes = [lifetime_of(json.loads(text) | {"unit": unit, "table": table}, shapes[table])
-                 for unit, table, text in zip(*(lines.filter(linked).column(c).to_pylist()
-                                                for c in ("unit", "table", "line")))]
-    rows = resolve_chains(lifetimes)
-    resolved = pa.table({"unit": [r["unit"] for r in rows], "table": [r["table"] for r in rows],
-                         "kind": [r["kind"] for r in rows], "step": [STEP[r["kind"]] for r in rows],
-                         "line": [format_line(r, shapes[r["table"]]) for r in rows]}, schema=_NET_LINES)
-    return pa.concat_tables([lines.filter(pc.invert(linked)), resolved])
 
 
 # ---------------------------------------------------------------- the run
@@ -559,7 +275,9 @@ class _Run:
                         self.fast.apply(cur, entry.table, chunk.net.view(entry.staged), entry.counts,
                                         chunk.net.view(entry.inserts))
                 copied = time.perf_counter()
-                self._write_checkpoint_row(cur, group.end, group)
+                self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
+                                           cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
+                                           log_bsn=group.log_bsn)
                 crashpoint("before_target_commit")
             self.connection.commit()
         except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
@@ -606,8 +324,9 @@ class _Run:
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = trails.csn_of(records[0])
-                    self._write_checkpoint_row(cur, end, None, csn=csn, xid=records[0]["xid"],
-                                               audit_ts=records[0]["commit_ts"], log_bsn=last["log_bsn"])
+                    self._write_checkpoint_row(cur, end, log_csn=csn, log_xid=records[0]["xid"],
+                                               cmplt_xids=[records[0]["xid"]], audit_ts=records[0]["commit_ts"],
+                                               log_bsn=last["log_bsn"])
                     crashpoint("before_target_commit")
                 self.connection.commit()
             except (psycopg2.Error, TrailboundError) as exc:
@@ -631,15 +350,12 @@ class _Run:
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
         crashpoint("between_groups")
 
-    def _write_checkpoint_row(self, cur, end: TrailPosition, group: Group | None, *, csn=None, xid=None,
-                              audit_ts=None, log_bsn=None) -> None:
-        if group is not None:
-            csn, xid, xids, audit_ts, log_bsn = (group.log_csn, group.log_xid, group.cmplt_xids, group.audit_ts,
-                                                  group.log_bsn)
-        else:
-            xids = [xid]
-        ckt.write(cur, self.table_name, self.state.group, position=end, log_csn=csn, log_bsn=log_bsn,
-                  audit_ts=audit_ts, log_xid=xid, cmplt_xids=xids, current_dir=self.current_dir)
+    def _write_checkpoint_row(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
+                              audit_ts: datetime, log_bsn: int) -> None:
+        """The checkpoint table's row for what this target transaction applied (a group,
+        or one replayed transaction), written inside it."""
+        ckt.write(cur, self.table_name, self.state.group, position=end, log_csn=log_csn, log_bsn=log_bsn,
+                  audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir)
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, now: bool = False) -> None:
         """The file checkpoint (and trail_reader row) after a target commit: written at
@@ -718,77 +434,3 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             return result
         finally:
             connection.close()
-
-
-# ---------------------------------------------------------------- ALTER REPLICAT
-
-_MAX_BIGINT = 2 ** 63 - 1
-
-
-def _just_below(csn: Csn) -> Csn:
-    """The greatest CSN below `csn`: "applied up to here" for `atcsn csn`."""
-    if csn.rba:
-        return Csn(csn.scn, csn.thread, csn.sequence, csn.rba - 1)
-    if csn.sequence:
-        return Csn(csn.scn, csn.thread, csn.sequence - 1, _MAX_BIGINT)
-    if csn.thread:
-        return Csn(csn.scn, csn.thread - 1, _MAX_BIGINT, _MAX_BIGINT)
-    return Csn(csn.scn - 1, _MAX_BIGINT, _MAX_BIGINT, _MAX_BIGINT) if csn.scn else csn
-
-
-def csn_bound(how: str, text: str) -> Csn:
-    """log_csn for `atcsn N` / `aftercsn N`: every transaction at or below it counts as
-    applied. A bare commit SCN N means every commit at that SCN (Csn.parse sorts N before
-    them all, and N+1 after them all)."""
-    csn = Csn.parse(text)
-    bare = "@" not in text
-    if how == "atcsn":
-        return csn if bare else _just_below(csn)
-    return Csn(csn.scn + 1) if bare else csn
-
-
-def reposition(store: MetadataStore, config: Config, group: str, words: list[str], *,
-               target_dsn: str | None = None) -> str:
-    """ALTER REPLICAT group atcsn N | aftercsn N | extseqno S [extrba R]: writes the new
-    position to the checkpoint table and the file checkpoint (the next run starts there).
-    extseqno keeps log_csn, so transactions already applied are still skipped."""
-    usage = "usage: trailbound alter replicat GROUP atcsn N | aftercsn N | extseqno S [extrba R]"
-    lowered = [w.lower() for w in words]
-    name = config.replicat_name(group)
-    with group_lock(store, name):
-        state = ensure_group(store, config, name, adopt=lowered[:1] == ["extseqno"])
-        if len(words) == 2 and lowered[0] in ("atcsn", "aftercsn"):
-            try:
-                bound = csn_bound(lowered[0], words[1])
-            except ValueError as exc:
-                raise TrailboundError(f"{exc}; {usage}") from None
-            with store.transaction() as cur:
-                position = catalog.position_after(cur, state.exttrail, bound)
-            log_csn, what = bound, f"{lowered[0]} {words[1]}: transactions at or below CSN {bound} count as applied"
-        elif lowered[:1] == ["extseqno"] and len(words) in (2, 4) and (len(words) == 2 or lowered[2] == "extrba"):
-            try:
-                position = TrailPosition(int(words[1]), int(words[3]) if len(words) == 4 else 0)
-            except ValueError:
-                raise TrailboundError(usage) from None
-            if position.seqno < 0 or position.rba < 0:
-                raise TrailboundError(usage)
-            log_csn, what = False, f"extseqno {position.seqno} extrba {position.rba}"
-        else:
-            raise TrailboundError(usage)
-        table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
-        connection = tgt.connect(config, target_dsn)
-        try:
-            hold_target(connection, name)
-            with connection.cursor() as cur:
-                ckt.create(cur, table_name)
-                ckt.set_position(cur, table_name, name, position, log_csn=log_csn, current_dir=str(config.home))
-                row = ckt.read(cur, table_name, name)
-            connection.commit()
-        finally:
-            connection.close()
-        checkpoint = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts)
-        with store.transaction() as cur:
-            ckpt.save(cur, state, checkpoint)
-            ckpt.mark_altered(cur, state)
-    return (f"REPLICAT {name} altered, {what}; the next run reads trail {state.exttrail} from seqno "
-            f"{position.seqno} rba {position.rba} (log_csn {checkpoint.log_csn or 'none'})")

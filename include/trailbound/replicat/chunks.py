@@ -1,0 +1,157 @@
+"""Chunk planning for a replicat run: everything about a run of trail records that needs no Spark.
+
+A chunk is consecutive committed trail files read together. Planning finds its
+transactions, skips those at or below the checkpoint's log_csn, groups the rest into
+target transactions (GROUPTRANSOPS) and splits groups into units at each TRUNCATE, and
+works out each group's checkpoint values (end position, log CSN, xids, audit time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trailbound.errors import TrailError
+from trailbound.positions import Csn, TrailPosition
+from trailbound.trail import format as trails
+
+if TYPE_CHECKING:
+    from trailbound.replicat.netrows import NetRows
+
+
+@dataclass(frozen=True)
+class TrailFile:
+    seqno: int
+    path: str
+    records: int
+    sha256: str
+
+
+@dataclass
+class Group:
+    """Source transactions applied in one target transaction."""
+
+    txns: list[int]                      # transaction ordinals in the chunk
+    units: list[tuple[int, str | None]]  # (unit, table it truncates or None), in order
+    end: TrailPosition                   # position after its last record
+    log_csn: Csn
+    log_xid: str
+    cmplt_xids: list[str]
+    audit_ts: datetime
+    log_bsn: int
+    operations: int
+
+
+@dataclass
+class Chunk:
+    files: list[TrailFile]
+    records: pa.Table                    # the chunk's records, with their seqno
+    txn_starts: np.ndarray               # first record of each transaction
+    groups: list[Group]
+    skipped: int                         # transactions at or below log_csn
+    end: TrailPosition
+    unit_of_record: np.ndarray           # each record's unit (meaningful for applied records)
+    group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
+    net: "NetRows | None" = None
+
+    def transaction(self, txn: int) -> list[dict]:
+        start = int(self.txn_starts[txn])
+        stop = int(self.txn_starts[txn + 1]) if txn + 1 < len(self.txn_starts) else len(self.records)
+        return self.records.slice(start, stop - start).to_pylist()
+
+    def path_of(self, seqno: int) -> str:
+        return next(f.path for f in self.files if f.seqno == seqno)
+
+
+def _csn_le(columns: list[np.ndarray], bound: Csn) -> np.ndarray:
+    """Vectorised (scn, thread, sequence, rba) <= bound, lexicographically."""
+    result = np.ones(len(columns[0]), dtype=bool)
+    for column, limit in reversed(list(zip(columns, (bound.scn, bound.thread, bound.sequence, bound.rba)))):
+        result = (column < limit) | ((column == limit) & result)
+    return result
+
+
+def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, log_csn: Csn | None,
+               grouptransops: int) -> Chunk:
+    """Everything about a chunk that needs no Spark: transactions, what is skipped,
+    groups, units and each group's checkpoint values."""
+    parts = []
+    for index, (file, table) in enumerate(zip(files, tables)):
+        if index == 0 and start_rba:
+            table = table.slice(start_rba)
+        parts.append(table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64))))
+    records = pa.concat_tables(parts) if parts else pa.table({})  # chunked: no copy of the images
+    n = len(records)
+    ind = records.column("trans_ind").to_numpy()
+    starts = np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
+    if n and (not len(starts) or starts[0] != 0):
+        raise TrailError(files[0].path, "not the start of a transaction: replicat positions at transaction "
+                                               "boundaries (alter replicat ... extrba)", rba=start_rba)
+    stops = np.append(starts[1:], n)
+    unfinished = np.flatnonzero(~np.isin(ind[stops - 1], (trails.END, trails.WHOLE)))
+    if len(unfinished):
+        at = int(stops[unfinished[0]] - 1)
+        seqno = int(records.column("seqno")[at].as_py())
+        raise TrailError(next(f.path for f in files if f.seqno == seqno),
+                                "a transaction does not end before its trail file does",
+                                rba=int(records.column("rba")[at].as_py()))
+    csn_columns = [records.column(c).to_numpy()[starts] for c in ("csn", "csn_thread", "csn_sequence", "csn_rba")]
+    skip = _csn_le(csn_columns, log_csn) if log_csn is not None else np.zeros(len(starts), dtype=bool)
+    ops = (stops - starts).tolist()
+    truncating = np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
+    has_truncate = (np.add.reduceat(truncating.astype(np.int64), starts) > 0).tolist() if n else []
+
+    group_of_txn = np.full(len(starts), -1, dtype=np.int64)
+    group, size = -1, 0
+    for txn, (skipped, count, truncates) in enumerate(zip(skip.tolist(), ops, has_truncate)):
+        if skipped:
+            continue
+        if group < 0 or size >= grouptransops or (truncates and size):
+            group, size = group + 1, 0
+        group_of_txn[txn] = group
+        size += count
+
+    # Units: a new one at each group's first record, at each TRUNCATE and just after it.
+    boundary = np.zeros(n + 1, dtype=bool)
+    applied_txns = np.flatnonzero(group_of_txn >= 0)
+    if len(applied_txns):
+        firsts = applied_txns[np.r_[True, group_of_txn[applied_txns][1:] != group_of_txn[applied_txns][:-1]]]
+        boundary[starts[firsts]] = True
+    truncate_at = np.flatnonzero(truncating)
+    boundary[truncate_at] = True
+    boundary[truncate_at + 1] = True
+    unit_of_record = np.cumsum(boundary[:n]) - 1
+
+    seqnos = records.column("seqno").to_numpy()
+    rbas = records.column("rba").to_numpy()
+    xids = records.column("xid")
+    tables = records.column("table")
+    commit_ts = records.column("commit_ts")
+    bsns = records.column("log_bsn").to_numpy()
+    truncated_table = {int(unit_of_record[r]): tables[int(r)].as_py() for r in truncate_at}
+    groups: list[Group] = []
+    if len(applied_txns):
+        txn_groups = group_of_txn[applied_txns]
+        cuts = np.flatnonzero(np.r_[True, txn_groups[1:] != txn_groups[:-1], True])
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            txns = applied_txns[a:b].tolist()
+            last_txn = txns[-1]
+            last = int(stops[last_txn] - 1)
+            csn_at = lambda t: Csn(*(int(col[t]) for col in csn_columns))  # noqa: E731
+            last_csn = csn_at(last_txn)
+            # Units never cross groups, and their numbers increase along the trail.
+            first_unit, last_unit = int(unit_of_record[starts[txns[0]]]), int(unit_of_record[last])
+            units = [(unit, truncated_table.get(unit)) for unit in range(first_unit, last_unit + 1)]
+            groups.append(Group(
+                txns=txns, units=units, end=TrailPosition(int(seqnos[last]), int(rbas[last]) + 1), log_csn=last_csn,
+                log_xid=xids[int(starts[last_txn])].as_py(),
+                cmplt_xids=[xids[int(starts[t])].as_py() for t in txns if int(csn_columns[0][t]) == last_csn.scn],
+                audit_ts=commit_ts[int(starts[last_txn])].as_py(), log_bsn=int(bsns[last]),
+                operations=int(sum(ops[t] for t in txns))))
+    end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
+    return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn)

@@ -1,0 +1,168 @@
+"""Net rows for a chunk: the COPY lines of each unit's net change per table and key.
+
+Units that are their own net change are formatted on the driver with Arrow (direct.py);
+the rest goes through Spark (netchange.py). `NetRows` indexes the lines so that the
+lines of one (unit, table, step) are sent to the target as one slice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trailbound.replicat import direct
+from trailbound.replicat import target as tgt
+from trailbound.replicat.chunks import Chunk
+from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
+                                           resolve_chains)
+
+
+@dataclass
+class UnitTable:
+    table: str
+    staged: tuple[int, int, int] | None = None       # (part, first line, past the last)
+    counts: dict[str, int] = field(default_factory=dict)
+    inserts: tuple[int, int, int] | None = None
+    unresolved: bool = False
+
+
+class NetRows:
+    """COPY lines for a chunk, as slices: the lines of one (unit, table, step) are one
+    contiguous slice of one part's data buffer, sent as is. A part must hold each
+    (unit, table, step) contiguously (Arrow-made lines do, table by table); Spark's are
+    sorted first."""
+
+    def __init__(self, parts: list[pa.Table]):
+        self._buffers: list[tuple[memoryview, np.ndarray]] = []
+        self.units: dict[int, list[UnitTable]] = {}
+        for table in parts:
+            if len(table):
+                self._add(table)
+
+    def _add(self, table: pa.Table) -> None:
+        part = len(self._buffers)
+        lines = table.column("line").combine_chunks()
+        if not pa.types.is_large_string(lines.type):
+            lines = lines.cast(pa.large_string())
+        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
+        self._buffers.append((memoryview(lines.buffers()[2]) if lines.buffers()[2] is not None else memoryview(b""),
+                              offsets))
+        units = table.column("unit").to_numpy()
+        steps = table.column("step").to_numpy()
+        names = table.column("table").combine_chunks().dictionary_encode()
+        codes = names.indices.to_numpy()
+        dictionary = names.dictionary.to_pylist()
+        kinds = table.column("kind").to_numpy(zero_copy_only=False)
+        cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
+                                    (steps[1:] != steps[:-1]), True])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            unit, name, step = int(units[a]), dictionary[codes[a]], int(steps[a])
+            entries = self.units.setdefault(unit, [])
+            entry = next((e for e in entries if e.table == name), None)
+            if entry is None:
+                entry = UnitTable(name)
+                entries.append(entry)
+            if step == 0:
+                entry.unresolved = True
+            elif step == 1:
+                entry.staged = (part, a, b)
+                found, counts = np.unique(kinds[a:b], return_counts=True)
+                entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
+            else:
+                entry.inserts = (part, a, b)
+
+    def view(self, span: tuple[int, int, int] | None) -> memoryview | None:
+        if span is None:
+            return None
+        part, a, b = span
+        data, offsets = self._buffers[part]
+        return data[int(offsets[a]):int(offsets[b])]
+
+
+def _grouped(table: pa.Table) -> pa.Table:
+    """Lines sorted so that each (unit, table, step) is contiguous."""
+    if not len(table):
+        return table
+    return table.take(pc.sort_indices(table, sort_keys=[("unit", "ascending"), ("table", "ascending"),
+                                                        ("step", "ascending")]))
+
+
+def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
+                timer=None) -> NetRows | None:
+    """The COPY lines of the chunk's applied DML records: units that are their own net
+    change are formatted on the driver (direct.py); the rest goes to Spark. `timer`, when
+    given, adds each phase's seconds (`timer.add(phase, seconds)`)."""
+    records = chunk.records
+    n = len(records)
+    if not chunk.groups:
+        return None
+    began = time.perf_counter()
+    applied = np.repeat(chunk.group_of_txn >= 0, np.diff(np.append(chunk.txn_starts, n)))
+    dml = applied & ~np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
+    mapped_names = [name for name, plan in plans.items() if plan is not None]
+    dml &= np.asarray(pc.is_in(records.column("table"), pa.array(mapped_names, pa.string()))
+                      .to_numpy(zero_copy_only=False), dtype=bool)
+    chosen = np.flatnonzero(dml)
+    if not len(chosen):
+        return NetRows([])
+    selected = records if len(chosen) == n else records.take(pa.array(chosen))
+    data = pa.table({"unit": pa.array(chunk.unit_of_record[chosen].astype(np.int64)),
+                     "seq": pa.array(chosen.astype(np.int64)), "table": selected.column("table"),
+                     "op": selected.column("op"), "before": selected.column("before"),
+                     "after": selected.column("after")})
+    direct_lines, rest = direct.split(data, {name: plans[name] for name in mapped_names})
+    parts = [direct_lines]
+    if timer:
+        timer.add("prepare: net change, units that are their own (Arrow)", time.perf_counter() - began)
+    if rest.any():
+        began = time.perf_counter()
+        data = data.filter(pa.array(rest))
+        present = set(pc.unique(data.column("table")).to_pylist())
+        inputs, outputs = workdir / "in", workdir / "out"
+        shutil.rmtree(workdir, ignore_errors=True)
+        inputs.mkdir(parents=True)
+        # Several files, so that Spark reads (and parses the images) in parallel.
+        pieces = max(1, min(spark.sparkContext.defaultParallelism, len(data) // 20_000))
+        step = -(-len(data) // pieces)
+        for number, offset in enumerate(range(0, len(data), step)):
+            pq.write_table(data.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
+        shapes = {name: Shape.of(plans[name].columns, plans[name].key) for name in sorted(present)}
+        net = net_changes(spark.read.parquet(str(inputs)), shapes)
+        copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
+        parts.append(_grouped(_with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes)))
+        shutil.rmtree(workdir, ignore_errors=True)
+        if timer:
+            timer.add("prepare: net change (Spark)", time.perf_counter() - began)
+    began = time.perf_counter()
+    rows = NetRows(parts)
+    if timer:
+        timer.add("prepare: index the COPY lines", time.perf_counter() - began)
+    return rows
+
+
+_NET_LINES = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
+                        ("line", pa.string())])
+
+
+def _with_chains_resolved(lines: pa.Table, shapes: dict[str, Shape]) -> pa.Table:
+    """Replace Spark's linked lifetimes (kind L: rows moved by key updates) with the net
+    rows their chains come to."""
+    linked = pc.equal(lines.column("kind"), "L")
+    if not pc.any(linked).as_py():
+        return lines
+    lifetimes = [lifetime_of(json.loads(text) | {"unit": unit, "table": table}, shapes[table])
+                 for unit, table, text in zip(*(lines.filter(linked).column(c).to_pylist()
+                                                for c in ("unit", "table", "line")))]
+    rows = resolve_chains(lifetimes)
+    resolved = pa.table({"unit": [r["unit"] for r in rows], "table": [r["table"] for r in rows],
+                         "kind": [r["kind"] for r in rows], "step": [STEP[r["kind"]] for r in rows],
+                         "line": [format_line(r, shapes[r["table"]]) for r in rows]}, schema=_NET_LINES)
+    return pa.concat_tables([lines.filter(pc.invert(linked)), resolved])

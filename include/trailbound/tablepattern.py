@@ -1,0 +1,37 @@
+"""TABLE patterns (`shop.*`, `hr.emp?`), as capture and pump match them.
+
+`*` is any run of characters, `?` one character, everything else literal (names with
+dots, quotes or brackets are safe) and case-sensitive; a pattern matches a whole name.
+One translation, in the two regex dialects the engine needs: Python's `re` (pump filters
+records on the driver) and Java's (capture filters in Spark with `rlike`).
+Imports nothing from trailbound; anything may import it.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def _pieces(pattern: str) -> list[str]:
+    return re.split(r"([*?])", pattern)
+
+
+def _wildcard(piece: str) -> str | None:
+    return ".*" if piece == "*" else "." if piece == "?" else None
+
+
+def python_regex(patterns: list[str]) -> re.Pattern:
+    """One compiled regex; use `fullmatch`."""
+    def one(pattern: str) -> str:
+        return "".join(_wildcard(p) or re.escape(p) for p in _pieces(pattern))
+    return re.compile("(?:" + "|".join(one(p) for p in patterns) + ")", re.DOTALL)
+
+
+def java_regex(patterns: list[str]) -> str:
+    """One Java regex, anchored at both ends (Spark's `rlike` searches)."""
+    def quoted(piece: str) -> str:
+        return "\\Q" + piece.replace("\\E", "\\E\\\\E\\Q") + "\\E" if piece else ""
+
+    def one(pattern: str) -> str:
+        return "".join(_wildcard(p) or quoted(p) for p in _pieces(pattern))
+    return "^(?:" + "|".join(one(p) for p in patterns) + ")$"
