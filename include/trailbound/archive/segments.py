@@ -9,7 +9,6 @@ the Spark reader.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,9 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trailbound.archive import contract
+from trailbound.durable import file_sha256
 from trailbound.errors import ArchiveError
-
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -159,15 +157,15 @@ def verify_data(segment: Segment) -> None:
     size = path.stat().st_size
     if size != segment.bytes:
         raise ArchiveError(path, f"size is {size} bytes, the manifest says {segment.bytes}")
-    digest = hashlib.sha256()
     newlines, last = 0, b"\n"
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            newlines += chunk.count(b"\n")
-            last = chunk[-1:]
-    if digest.hexdigest() != segment.sha256:
-        raise ArchiveError(path, f"sha256 is {digest.hexdigest()}, the manifest says {segment.sha256}")
+
+    def count_lines(chunk: bytes) -> None:  # the same pass counts the records of a JSON-lines segment
+        nonlocal newlines, last
+        newlines += chunk.count(b"\n")
+        last = chunk[-1:]
+    digest = file_sha256(path, each_chunk=count_lines)
+    if digest != segment.sha256:
+        raise ArchiveError(path, f"sha256 is {digest}, the manifest says {segment.sha256}")
     if segment.format == "parquet":
         records = _check_parquet_columns(segment)
     else:

@@ -30,6 +30,7 @@ from trailbound.archive.contract import (
     data_name,
     manifest_name,
 )
+from trailbound.durable import atomic_write
 
 PARQUET_SCHEMA = pa.schema([
     ("rba", pa.int64()),
@@ -105,23 +106,6 @@ class _MicrosFormatter:
         return f"{self._prefix}.{fraction:06d}Z"
 
 
-def write_atomically(path: Path, data: bytes | pa.Buffer) -> None:
-    """Write to a hidden temporary name, fsync, rename over `path`, fsync the directory.
-
-    The temporary name starts with a dot so it never matches the segment file pattern."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 def write_defs(archive_dir: str | os.PathLike, tables: Iterable[Mapping[str, Any]]) -> Path:
     """Write defs.json: `tables` are {"name", "columns": [{"name", "type", "nullable"}],
     "key": [...]} objects, written in the order given."""
@@ -129,7 +113,7 @@ def write_defs(archive_dir: str | os.PathLike, tables: Iterable[Mapping[str, Any
     archive.mkdir(parents=True, exist_ok=True)
     document = {"tables": [dict(table) for table in tables]}
     path = archive / DEFS_FILE
-    write_atomically(path, (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
+    atomic_write(path, (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
     return path
 
 
@@ -207,7 +191,7 @@ def write_segment_columns(
         data = _parquet_bytes(columns, rba)
     else:
         data = _jsonl_bytes(columns, rba)
-    write_atomically(archive / data_name(thread, sequence, fmt), data)
+    atomic_write(archive / data_name(thread, sequence, fmt), data)
 
     manifest = {
         "thread": thread,
@@ -230,7 +214,7 @@ def write_segment_columns(
         else:
             manifest[field] = value
     path = archive / manifest_name(thread, sequence)
-    write_atomically(path, (encode_json(manifest) + "\n").encode("utf-8"))
+    atomic_write(path, (encode_json(manifest) + "\n").encode("utf-8"))
     return path
 
 

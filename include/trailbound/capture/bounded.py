@@ -13,7 +13,6 @@ transaction, that is at most two BR intervals of log (docs/bounded-recovery.md).
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,6 +26,7 @@ from pyspark.sql import functions as F
 from trailbound.archive.reader import RECORD_COLUMNS
 from trailbound.capture import checkpoints as ckpt
 from trailbound.config import ExtractConfig
+from trailbound.durable import atomic_write, file_sha256
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 NORMAL, BOUNDED = "normal", "bounded"
@@ -49,14 +49,6 @@ def crosses_boundary(previous: datetime | None, current: datetime, interval: tim
     if previous is None:
         return (current - _EPOCH) // interval > 0
     return (current - _EPOCH) // interval > (previous - _EPOCH) // interval
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -88,7 +80,7 @@ def plan_recovery(state: ckpt.ExtractState, extract: ExtractConfig, table_spec: 
         path = txn.persisted.file
         if not path.is_file():
             return RecoveryPlan(NORMAL, [], f"persisted file {path} is missing")
-        if _sha256(path) != txn.persisted.sha256:
+        if file_sha256(path) != txn.persisted.sha256:
             return RecoveryPlan(NORMAL, [], f"persisted file {path} is corrupt (sha256 differs)")
     return RecoveryPlan(BOUNDED, persisted)
 
@@ -104,7 +96,7 @@ def restore(spark: SparkSession, plan: RecoveryPlan) -> DataFrame | None:
 def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: int,
             spark: SparkSession) -> dict[tuple[int, str], ckpt.PersistedObject]:
     """Write each listed transaction's records (all it has so far) to its own file.
-    Files are written completely (temporary name, fsync, rename) before the BR
+    Files are written completely (temporary name, fsync, rename, fsync the directory) before the BR
     checkpoint that names them commits; until then the previous checkpoint stays valid."""
     if not keys:
         return {}
@@ -120,13 +112,9 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
                        pc.equal(table["txid"], txid))
         rows = table.filter(mask).drop_columns(["txid"])
         path = directory / object_name(thread, txid, checkpoint_scn)
-        temporary = path.with_name(f".{path.name}.tmp")
-        pq.write_table(rows, temporary, compression="zstd")
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        atomic_write(path, lambda temporary: pq.write_table(rows, temporary, compression="zstd"))
         last = rows.slice(len(rows) - 1).to_pylist()[0]
-        persisted[(thread, txid)] = ckpt.PersistedObject(path, _sha256(path), len(rows), last["sequence"],
+        persisted[(thread, txid)] = ckpt.PersistedObject(path, file_sha256(path), len(rows), last["sequence"],
                                                          last["rba"], checkpoint_scn)
     return persisted
 

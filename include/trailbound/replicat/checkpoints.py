@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from trailbound.metadata import load_group_row
 from trailbound.positions import Csn, TrailPosition
 from trailbound.trail import catalog
 from trailbound.trail.catalog import committed_files  # noqa: F401  (quality.py reads it here until it imports the catalog)
@@ -47,10 +48,8 @@ class ReplicatState:
 
 
 def load(cur, group: str) -> ReplicatState | None:
-    cur.execute("SELECT g.*, c.seqno, c.rba, c.log_csn, c.log_bsn, c.audit_ts, c.startup_seqno, c.startup_rba,"
-                " c.updated_at FROM trailbound.replicat_group g JOIN trailbound.replicat_checkpoint c"
-                " USING (group_name) WHERE upper(g.group_name) = upper(%s)", (group,))
-    row = cur.fetchone()
+    row = load_group_row(cur, "replicat", group, ("seqno", "rba", "log_csn", "log_bsn", "audit_ts", "startup_seqno",
+                                                  "startup_rba", "updated_at"))
     if row is None:
         return None
     startup = TrailPosition(row["startup_seqno"], row["startup_rba"]) if row["startup_seqno"] is not None else None

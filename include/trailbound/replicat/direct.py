@@ -20,12 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from trailbound.replicat.netchange import COPY_NULL, STEP
+from trailbound.replicat.netchange import COPY_ESCAPES, COPY_NULL, STEP
 from trailbound.replicat.target import TablePlan
 
 _INTEGER = {"smallint", "integer", "bigint"}
 _FLOAT = {"real", "double precision"}
-_ESCAPES = (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 LINES_SCHEMA = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
                           ("line", pa.string())])
 
@@ -46,7 +45,7 @@ def _text(column: pa.ChunkedArray) -> pa.ChunkedArray:
     text = column.cast(pa.string())
     # Numbers and booleans never need escaping; most text does not either (one scan).
     if pa.types.is_string(column.type) and pc.any(pc.match_substring_regex(text, "[\\\\\t\n\r]")).as_py():
-        for raw, escaped in _ESCAPES:
+        for raw, escaped in COPY_ESCAPES:
             text = pc.replace_substring(text, raw, escaped)
     return text.fill_null(COPY_NULL)
 

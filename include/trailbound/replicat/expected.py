@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from trailbound.trail import format as trails
 from trailbound.archive.segments import TableDef
 from trailbound.positions import TrailPosition
+from trailbound.trail import format as trails
 
 
 @dataclass

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from trailbound.trail import fs as trailfs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
-from trailbound.ggsci import lag, timestamp
+from trailbound.ggsci import header, lag, timestamp
 from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
+from trailbound.trail import fs as trailfs
 
 
 def _checkpoint_row(config: Config, table: str, group: str, target_dsn: str | None):
@@ -42,10 +42,8 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     if state is None:
         raise TrailboundError(f"replicat {name} is not added (its first run or `alter replicat` adds it)")
     row, note = _checkpoint_row(config, state.checkpoint_table, name, target_dsn)
-    status = "RUNNING" if is_running(store, "replicat", name) else "STOPPED"
-    started = f"{state.last_started:%Y-%m-%d %H:%M}" if state.last_started else "never"
     current = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts) if row else state.checkpoint
-    lines = [f"REPLICAT   {name:<9} Last Started {started}   Status {status}"]
+    lines = [header("replicat", name, state.last_started, is_running(store, "replicat", name))]
     if current.audit_ts is not None:
         updated = row.last_update_ts if row else state.updated_at
         lines.append(f"Checkpoint Lag       {lag((updated - current.audit_ts).total_seconds())} "

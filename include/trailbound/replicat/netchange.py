@@ -51,7 +51,7 @@ _ENDS = (DELETED, MOVED_OUT)
 _CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)
 
 # COPY text format: backslash, newline, carriage return and tab are escaped; \N is NULL.
-_COPY_ESCAPES = (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
+COPY_ESCAPES = (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 COPY_NULL = "\\N"
 
 
@@ -240,7 +240,7 @@ def resolve_chains(lifetimes: list[dict]) -> list[dict]:
 
 
 def _escaped(value: Column) -> Column:
-    for raw, escaped in _COPY_ESCAPES:
+    for raw, escaped in COPY_ESCAPES:
         value = F.replace(value, F.lit(raw), F.lit(escaped))
     return F.coalesce(value, F.lit(COPY_NULL))
 
@@ -249,7 +249,7 @@ def copy_escape(value: str | None) -> str:
     """The same escaping in Python (chains resolved on the driver, tests)."""
     if value is None:
         return COPY_NULL
-    for raw, escaped in _COPY_ESCAPES:
+    for raw, escaped in COPY_ESCAPES:
         value = value.replace(raw, escaped)
     return value
 

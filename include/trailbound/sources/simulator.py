@@ -39,10 +39,10 @@ from trailbound.archive.writer import (
     encode_json,
     from_micros,
     to_micros,
-    write_atomically,
     write_defs,
     write_segment_columns,
 )
+from trailbound.durable import atomic_write
 
 TRUTH_FORMAT = 1
 SIMULATOR_FORMATS = FORMATS + ("mixed",)
@@ -1535,7 +1535,7 @@ def simulate(
             gc.enable()
     truth_file = Path(truth_path)
     truth_file.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(truth_file, (json.dumps(truth, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+    atomic_write(truth_file, (json.dumps(truth, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
 
     return SimulationSummary(
         archive_dir=archive,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trailbound.durable import atomic_write, file_sha256
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.positions import Csn, TrailPosition
 
@@ -101,16 +101,8 @@ def _content_digest(table: pa.Table) -> str:
     return digest.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: int) -> TrailFileInfo:
-    """Write one complete trail file (atomically: temporary name, fsync, rename)."""
+    """Write one complete trail file (atomically: temporary name, fsync, rename, fsync the directory)."""
     table = table.cast(SCHEMA).replace_schema_metadata(None)
     first, last = csn_of(table.slice(0, 1).to_pylist()[0]), csn_of(table.slice(len(table) - 1).to_pylist()[0])
     meta = {"format_version": FORMAT_VERSION, "group": group, "trail": prefix.name, "seqno": seqno,
@@ -118,13 +110,10 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
             "content_sha256": _content_digest(table)}
     path = trail_path(prefix, seqno)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()}), temporary,
-                   compression="zstd", write_page_checksum=True)
-    with open(temporary, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return TrailFileInfo(seqno, path, len(table), path.stat().st_size, _file_sha256(path), first, last, log_bsn)
+    atomic_write(path, lambda temporary: pq.write_table(
+        table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()}), temporary,
+        compression="zstd", write_page_checksum=True))
+    return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
 
 
 class TrailWriter:

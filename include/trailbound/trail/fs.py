@@ -12,7 +12,6 @@ and checksums of a Hadoop file run inside the JVM.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -20,9 +19,9 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
+from trailbound.durable import CHUNK as _CHUNK
+from trailbound.durable import file_sha256, fsync_directory
 from trailbound.errors import TrailboundError, TrailError
-
-_CHUNK = 1 << 20
 
 
 # ---------------------------------------------------------------- locations (pure text)
@@ -74,14 +73,6 @@ def seqno_of(prefix_name: str, file_name: str) -> int | None:
     return int(rest) if len(rest) == 9 and rest.isdigit() else None
 
 
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # ---------------------------------------------------------------- filesystems
 
 class LocalTrailFS:
@@ -117,7 +108,7 @@ class LocalTrailFS:
 
     def sha256(self, location: str) -> str:
         try:
-            return sha256_of_file(local_path(location))
+            return file_sha256(local_path(location))
         except OSError as exc:
             raise TrailError(location, f"cannot read: {exc.strerror}") from None
 
@@ -130,11 +121,7 @@ class LocalTrailFS:
     def rename(self, source: str, target: str) -> None:
         """Replace `target` with `source` atomically, and make the rename durable."""
         os.replace(local_path(source), local_path(target))
-        directory = os.open(local_path(target).parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        fsync_directory(local_path(target).parent)
 
     def delete(self, location: str) -> bool:
         """False when there was nothing to delete."""
