@@ -32,6 +32,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from psycopg2 import sql
+
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, CatalogEntry, load_entries
 from trailbound.archive.segments import Segment
 from trailbound.capture import checkpoints as ckpt
@@ -287,8 +289,9 @@ def _live_required(state: ckpt.ExtractState, config: Config) -> tuple[int, str |
 def load_registrations(cur, config: Config, source: str | None = None) -> list[Registration]:
     """Every registration (of one source), each with its required SCN as committed and as
     recomputed now; retention holds to the lower."""
-    cur.execute("SELECT * FROM trailbound.capture_registration" + (" WHERE upper(source) = upper(%s)" if source else "")
-                + " ORDER BY group_name", (source,) if source else ())
+    where = sql.SQL(" WHERE upper(source) = upper(%s)") if source else sql.SQL("")
+    cur.execute(sql.SQL("SELECT * FROM trailbound.capture_registration{} ORDER BY group_name").format(where),
+                (source,) if source else ())
     rows = cur.fetchall()
     registrations = []
     for row in rows:

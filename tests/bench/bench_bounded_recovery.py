@@ -22,8 +22,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import psycopg2
-import psycopg2.extensions
+from benchdb import fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "bounded-recovery.md"
@@ -32,16 +31,6 @@ T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 AGES = (6, 24, 72)
 HOUR = 3600
 BRINTERVAL = 4  # hours
-
-
-def fresh_database(server_dsn: str, name: str) -> str:
-    admin = psycopg2.connect(psycopg2.extensions.make_dsn(server_dsn, dbname="postgres"))
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cur.execute(f'CREATE DATABASE "{name}"')
-    admin.close()
-    return psycopg2.extensions.make_dsn(server_dsn, dbname=name)
 
 
 def write_archive(archive: Path, hours: int, per_hour: int) -> None:

@@ -21,21 +21,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import psycopg2
-import psycopg2.extensions
+from benchdb import fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "capture.md"
-
-
-def fresh_database(server_dsn: str, name: str) -> str:
-    admin = psycopg2.connect(psycopg2.extensions.make_dsn(server_dsn, dbname="postgres"))
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cur.execute(f'CREATE DATABASE "{name}"')
-    admin.close()
-    return psycopg2.extensions.make_dsn(server_dsn, dbname=name)
 
 
 def main() -> int:

@@ -35,9 +35,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg2
-import psycopg2.extensions
 import pyarrow as pa
 from psycopg2 import sql
+
+from benchdb import fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "replicat.md"
@@ -45,16 +46,6 @@ T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 TABLES = ("shop.customers", "shop.orders", "shop.order_lines")
 TEXTS = ["O'Brien's \"quoted\" note", "tab\there", "back\\slash", "Zoë Ångström", "北京市朝阳区", "", None,
          "emoji 🚀", "plain"]
-
-
-def fresh_database(server_dsn: str, name: str) -> str:
-    admin = psycopg2.connect(psycopg2.extensions.make_dsn(server_dsn, dbname="postgres"))
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    admin.close()
-    return psycopg2.extensions.make_dsn(server_dsn, dbname=name)
 
 
 class Rows:
@@ -227,7 +218,7 @@ def main() -> int:
 
     from trailbound import config as configuration
     from trailbound import spark as spark_session
-    from trailbound import trail
+    from trailbound.trail import format as trail
     from trailbound.archive.segments import load_defs
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env

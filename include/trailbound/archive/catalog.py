@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
+from psycopg2 import sql
+
 from trailbound.archive import segments as seg
 from trailbound.archive.segments import Segment
 from trailbound.errors import ArchiveError
@@ -75,8 +77,10 @@ def compute_horizon(segments: Sequence[Segment], until: datetime | None = None) 
                    max(s.next_time for s in last.values()))
 
 
-_COLUMNS = ("thread, sequence, first_scn, next_scn, first_time, next_time, records, bytes, sha256, format, "
-            "path, closed, state, cataloged_at, purged_at, purge_reason, purge_scn, backed_up_count, restored_at")
+_COLUMNS = sql.SQL(", ").join(map(sql.Identifier, (
+    "thread", "sequence", "first_scn", "next_scn", "first_time", "next_time", "records", "bytes", "sha256", "format",
+    "path", "closed", "state", "cataloged_at", "purged_at", "purge_reason", "purge_scn", "backed_up_count",
+    "restored_at")))
 
 
 def _entry(row: dict) -> CatalogEntry:
@@ -91,8 +95,8 @@ def _entry(row: dict) -> CatalogEntry:
 
 def load_entries(cur, source: str) -> list[CatalogEntry]:
     """A source's catalog rows through an open cursor (inside a caller's transaction)."""
-    cur.execute(f"SELECT {_COLUMNS} FROM trailbound.archive_segment WHERE source = %s ORDER BY thread, sequence",
-                (source,))
+    cur.execute(sql.SQL("SELECT {} FROM trailbound.archive_segment WHERE source = %s ORDER BY thread, sequence")
+                .format(_COLUMNS), (source,))
     return [_entry(row) for row in cur.fetchall()]
 
 
