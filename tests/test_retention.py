@@ -20,6 +20,7 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.archive.catalog import AVAILABLE, PURGED, ArchiveCatalog, CatalogEntry
 from trailbound.archive.segments import Segment
+from trailbound.capture import recovery
 from trailbound.capture.checkpoints import BrCheckpoint, ExtractState, OpenTransaction, PersistedObject, ReadCheckpoint
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ArchiveError, ConfigError
@@ -179,23 +180,28 @@ def _state(read_scn, open_=(), checkpoint_scn: int | None = None, begin: int = 5
                         br_checkpoint=checkpoint)
 
 
+def _required(state_: ExtractState, br_usable: bool) -> int:
+    plan = recovery.committed_plan(state_) if br_usable else recovery.RecoveryPlan(recovery.NORMAL, [])
+    return recovery.required_scn(state_, plan)
+
+
 def test_required_scn_before_the_first_run_is_the_begin_point():
-    assert _state(None).required_scn(br_usable=True) == 500
+    assert _required(_state(None), True) == 500
 
 
 def test_required_scn_is_the_oldest_open_transaction_that_will_be_written():
     state_ = _state(hours(6), [_open("A", hours(3)), _open("B", hours(1), skip="skiptrans"), _open("C", hours(5))])
-    assert state_.required_scn(br_usable=True) == hours(3), "a skipped transaction is never re-read"
-    assert _state(hours(6)).required_scn(br_usable=True) == hours(6), "nothing open: the read position"
+    assert _required(state_, True) == hours(3), "a skipped transaction is never re-read"
+    assert _required(_state(hours(6)), True) == hours(6), "nothing open: the read position"
 
 
 def test_required_scn_with_bounded_recovery_is_the_restart_bounded_recovery_uses():
     open_ = [_open("OLD", hours(1), persisted=True), _open("YOUNG", hours(4) + 600)]
     with_br = _state(hours(6), open_, checkpoint_scn=hours(5))
-    assert with_br.required_scn(br_usable=True) == hours(4) + 600
-    assert _state(hours(6), open_[:1], checkpoint_scn=hours(5)).required_scn(br_usable=True) == hours(5)
-    assert with_br.required_scn(br_usable=False) == hours(1), "BR not usable: the true start"
-    assert _state(hours(6), open_).required_scn(br_usable=True) == hours(1), "no BR checkpoint: nothing to restore"
+    assert _required(with_br, True) == hours(4) + 600
+    assert _required(_state(hours(6), open_[:1], checkpoint_scn=hours(5)), True) == hours(5)
+    assert _required(with_br, False) == hours(1), "BR not usable: the true start"
+    assert _required(_state(hours(6), open_), True) == hours(1), "no BR checkpoint: nothing to restore"
 
 
 # ---------------------------------------------------------------- retention runs with real captures

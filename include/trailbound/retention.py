@@ -9,7 +9,7 @@ recovery area is full. Here:
 
 - `capture_registration` rows are the registrations. A capture run updates its row's
   required SCN in the same metadata transaction as its checkpoints
-  (`ExtractState.required_scn`, Bounded-Recovery-aware).
+  (`capture.recovery.required_scn`, Bounded-Recovery-aware).
 - `plan_retention` is the policy, a pure function: catalog entries, registrations and
   the configured policy in; for every available segment out, whether it goes (with the
   reason and the SCN that allowed it) or why it stays.
@@ -35,6 +35,7 @@ from typing import Iterable, Sequence
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, CatalogEntry, load_entries
 from trailbound.archive.segments import Segment
 from trailbound.capture import checkpoints as ckpt
+from trailbound.capture import recovery
 from trailbound.config import Config, RetentionConfig
 from trailbound.crash import crashpoint
 from trailbound.errors import ConfigError, TrailboundError
@@ -266,22 +267,19 @@ def _archive_start(cur, source: str) -> int:
 def _live_required(state: ckpt.ExtractState, config: Config) -> tuple[int, str | None]:
     """The group's required SCN recomputed from its committed state and the current
     configuration and BR files. Bounded Recovery counts only if the next run would
-    really use it (plan_recovery: not broff, no brreset pending, not suspended, the same
+    really use it (recovery.plan: not broff, no brreset pending, not suspended, the same
     table selection, every persisted file present and intact); otherwise the next run
     re-reads from the true start of its oldest open transaction, and that log stays."""
+    normal = recovery.RecoveryPlan(recovery.NORMAL, [])
     if state.read_scn is None or not any(t.persisted for t in state.open):
-        return state.required_scn(br_usable=False), None
-    from trailbound.capture import bounded
-    from trailbound.capture.run import _table_spec
-
+        return recovery.required_scn(state, normal), None
     try:
         extract = config.extract(state.group)
     except ConfigError:
-        return state.required_scn(br_usable=False), "not in the configuration: Bounded Recovery not counted on"
-    brreset = any(d.kind == "brreset" for d in state.directives)
-    plan = bounded.plan_recovery(state, extract, _table_spec(extract.table), brreset)
-    usable = plan.mode == bounded.BOUNDED
-    return state.required_scn(br_usable=usable), None if usable else f"its next run uses normal recovery ({plan.reason})"
+        return recovery.required_scn(state, normal), "not in the configuration: Bounded Recovery not counted on"
+    plan = recovery.plan(state, extract)
+    usable = plan.mode == recovery.BOUNDED
+    return recovery.required_scn(state, plan), None if usable else f"its next run uses normal recovery ({plan.reason})"
 
 
 def load_registrations(cur, config: Config, source: str | None = None) -> list[Registration]:

@@ -1,5 +1,5 @@
-"""Bounded Recovery: persisted long-running transactions, BR checkpoints, and the choice
-between bounded and normal recovery for a run.
+"""Bounded Recovery's files: persisted long-running transactions and BR boundaries. The
+choice between bounded and normal recovery for a run is capture.recovery's.
 
 Every capture run is a restart. Without BR it re-reads each thread from the start of
 its oldest open transaction; with BR, transactions open longer than one BR interval at
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -26,10 +25,8 @@ from pyspark.sql import functions as F
 
 from trailbound.archive.reader import RECORD_COLUMNS
 from trailbound.capture import checkpoints as ckpt
-from trailbound.config import ExtractConfig
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-NORMAL, BOUNDED = "normal", "bounded"
 
 
 def group_directory(brdir: Path, group: str) -> Path:
@@ -59,45 +56,21 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class RecoveryPlan:
-    mode: str                        # NORMAL or BOUNDED
-    restored: list                   # OpenTransactions whose persisted object is restored
-    reason: str | None = None        # why BR was not used although it could have been (a warning)
-
-    @property
-    def describe(self) -> str:
-        return self.mode if self.reason is None else f"{self.mode} (fallback: {self.reason})"
-
-
-def plan_recovery(state: ckpt.ExtractState, extract: ExtractConfig, table_spec: str, brreset: bool) -> RecoveryPlan:
-    """Bounded recovery when there are persisted transactions and everything about them
-    can be trusted; otherwise one normal recovery (with the reason as a warning)."""
-    persisted = [t for t in state.open if t.persisted is not None and t.skip_reason is None]
-    if not persisted:
-        return RecoveryPlan(NORMAL, [])
-    if extract.br.broff:
-        return RecoveryPlan(NORMAL, [], "BR is off (broff)")
-    if brreset:
-        return RecoveryPlan(NORMAL, [], "brreset requested")
-    if state.br_suspended:
-        return RecoveryPlan(NORMAL, [], f"BR suspended after a failure (broffonfailure): {state.br_suspended}")
-    if state.br_checkpoint is None or state.br_checkpoint.table_spec != table_spec:
-        return RecoveryPlan(NORMAL, [], "the table selection changed since the BR checkpoint")
-    for txn in persisted:
-        path = txn.persisted.file
-        if not path.is_file():
-            return RecoveryPlan(NORMAL, [], f"persisted file {path} is missing")
-        if _sha256(path) != txn.persisted.sha256:
-            return RecoveryPlan(NORMAL, [], f"persisted file {path} is corrupt (sha256 differs)")
-    return RecoveryPlan(BOUNDED, persisted)
+def fault(persisted: ckpt.PersistedObject) -> str | None:
+    """Why a persisted object cannot be restored (its file missing or changed), or None."""
+    path = persisted.file
+    if not path.is_file():
+        return f"persisted file {path} is missing"
+    if _sha256(path) != persisted.sha256:
+        return f"persisted file {path} is corrupt (sha256 differs)"
+    return None
 
 
-def restore(spark: SparkSession, plan: RecoveryPlan) -> DataFrame | None:
+def restore(spark: SparkSession, restored: list[ckpt.OpenTransaction]) -> DataFrame | None:
     """The persisted transactions' records, as a records DataFrame."""
-    if not plan.restored:
+    if not restored:
         return None
-    paths = [str(t.persisted.file) for t in plan.restored]
+    paths = [str(t.persisted.file) for t in restored]
     return spark.read.parquet(*paths).select(*RECORD_COLUMNS)
 
 

@@ -9,7 +9,7 @@ is visible: its trail files lie past the committed write checkpoint.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -110,31 +110,6 @@ class ExtractState:
     br_checkpoint: BrCheckpoint | None = None
     directives: list[Directive] = field(default_factory=list)
 
-    def recovery_scn(self) -> int | None:
-        """The lowest SCN a restart without Bounded Recovery reads from: the oldest open
-        transaction that will be written, else the read position. This is what the
-        trail's log_bsn carries, and what archive retention must keep."""
-        starts = [t.start.scn for t in self.open if t.skip_reason is None]
-        if starts:
-            return min(starts)
-        return self.read_scn
-
-    def required_scn(self, br_usable: bool) -> int:
-        """The lowest SCN the next run can need from the archive: archive-log retention's
-        REQUIRED_CHECKPOINT_SCN. It follows `capture.run.restart_point`: with Bounded
-        Recovery usable and persisted transactions open, the oldest non-persisted open
-        transaction, the last BR checkpoint and the read position; otherwise every open
-        transaction that will be written, and the read position. Before the first run
-        (or after `alter extract ... begin`), the begin SCN."""
-        if self.read_scn is None:
-            return self.begin_scn
-        live = [t for t in self.open if t.skip_reason is None]
-        if br_usable and self.br_checkpoint is not None and any(t.persisted for t in live):
-            floors = [t.start.scn for t in live if t.persisted is None] + [self.br_checkpoint.scn]
-        else:
-            floors = [t.start.scn for t in live]
-        return min(floors + [self.read_scn])
-
 
 def load(cur, group: str) -> ExtractState | None:
     cur.execute("SELECT * FROM trailbound.extract_group WHERE upper(group_name) = upper(%s)", (group,))
@@ -230,9 +205,10 @@ def insert_br_checkpoint(cur, group: str, scn: int, log_time: datetime, interval
     return cur.fetchone()["checkpoint_id"]
 
 
-def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict,
+def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], required_scn: int, run: dict,
                warnings: list[dict] = (), directives_done: list[tuple[int, str]] = ()) -> None:
-    """Write a run's outcome. Call inside one metadata transaction."""
+    """Write a run's outcome. Call inside one metadata transaction. `required_scn`: what
+    the next run needs from the archive (capture.recovery.required_scn)."""
     g = state.group
     cur.execute("UPDATE trailbound.extract_group SET read_scn = %s, read_time = %s, table_spec = %s,"
                 " last_started = %s, last_run_end = now(), br_suspended = %s, last_longtrans_check = %s"
@@ -283,24 +259,11 @@ def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], run: dict,
                  run["records_read"], run["transactions"], run["records_written"],
                  json.dumps(_jsonable(checkpoints)), run.get("recovery"), run.get("reread_records"),
                  run.get("read_from_time"), state.read_time, run.get("br_checkpoint_id")))
-    _update_registration(cur, state)
-
-
-def _update_registration(cur, state: ExtractState) -> None:
-    """LOGRETENTION: a registered group's required SCN moves in the same transaction as
-    the checkpoints it is computed from, so retention never sees one without the other.
-    The BR checkpoint this run may just have inserted is the one the next run restarts
-    from. A run that committed could read all it needed: any restore request is done."""
-    cur.execute("SELECT * FROM trailbound.br_checkpoint WHERE group_name = %s ORDER BY checkpoint_id DESC LIMIT 1",
-                (state.group,))
-    b = cur.fetchone()
-    latest = BrCheckpoint(b["checkpoint_id"], b["scn"], b["log_time"], b["interval_seconds"], b["table_spec"],
-                          b["oldest_nonpersisted"], b["persisted"], b["persisted_bytes"], b["created_at"]) if b else None
-    # Persisted objects survive a run only when BR was on for it (restored, or written by
-    # its checkpoint), so the state itself says whether the next run can use them.
-    required = replace(state, br_checkpoint=latest).required_scn(br_usable=state.br_suspended is None)
+    # LOGRETENTION: a registered group's required SCN moves in the same transaction as
+    # the checkpoints it is computed from, so retention never sees one without the other.
+    # A run that committed could read all it needed: any restore request is done.
     cur.execute("UPDATE trailbound.capture_registration SET required_scn = %s, updated_at = now(),"
-                " needs_restore = NULL WHERE group_name = %s", (required, state.group))
+                " needs_restore = NULL WHERE group_name = %s", (required_scn, g))
 
 
 def committed_trail_files(cur, trail: Path) -> list[dict]:

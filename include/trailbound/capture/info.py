@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
+from trailbound.capture import recovery
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import lag, timestamp
@@ -32,9 +34,6 @@ def _read_block(kind: str, c) -> list[str]:
 def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.ExtractState) -> list[str]:
     """INFO EXTRACT ... --br: the last BR checkpoint, what is persisted, where the next run
     restarts and the bound Bounded Recovery guarantees."""
-    from trailbound.capture import bounded
-    from trailbound.capture.run import _table_spec, restart_point
-
     extract = config.extract(state.group)
     interval = extract.effective_brinterval
     status = ("off (broff)" if extract.br.broff else
@@ -62,10 +61,10 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     if state.read_scn is None:
         lines.append("    Next run: a first run (reads from the archive's start)")
         return lines
-    plan = bounded.plan_recovery(state, extract, _table_spec(extract.table), brreset=False)
-    restart = restart_point(state, plan)
-    lines.append(f"    Next run: {plan.describe} recovery, re-reads every thread from scn {restart.from_scn}"
-                 + "".join(f"; thread {t} from {p.position} (scn {p.scn})" for t, p in sorted(restart.starts.items())))
+    # The very rules (and inputs: a pending BRRESET directive counts) the next run uses.
+    plan = recovery.plan(state, extract)
+    restart = recovery.restart_point(state, plan)
+    lines.append(f"    Next run: {plan.describe} recovery, {restart.describe()}")
     times = [p.ts for p in restart.starts.values() if p.ts]
     if plan.restored and b is not None:
         times.append(b.log_time)
@@ -74,7 +73,7 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     if state.read_time and times:
         reread = state.read_time - min(times)
         lines.append(f"    Re-read from the last read position: {reread} of log"
-                     + (f" (Bounded Recovery guarantees at most {2 * interval})" if plan.mode == bounded.BOUNDED
+                     + (f" (Bounded Recovery guarantees at most {2 * interval})" if plan.mode == recovery.BOUNDED
                         or not persisted else ""))
     return lines
 
