@@ -16,6 +16,7 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
+from trailbound.positions import Scn
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 HOUR = 3600
@@ -89,7 +90,7 @@ def test_a_transaction_open_48_hours_is_persisted_survives_runs_and_a_crash_and_
         if h < 48:
             [long_one] = [t for t in state(store).open if t.xid == "LONG"]
             assert long_one.persisted is not None and long_one.persisted.file.parent == brdir
-            assert long_one.start.scn == hours(0) + 1800, "the persisted transaction keeps its true start"
+            assert long_one.start.scn == Scn(hours(0) + 1800), "the persisted transaction keeps its true start"
             assert [p.name for p in brdir.iterdir()] == [long_one.persisted.file.name], "stale files are removed"
             if n > 0:
                 assert result.recovery == "bounded"

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from trailbound.archive.reader import RECORD_COLUMNS
 from trailbound.capture import checkpoints as ckpt
+from trailbound.positions import LogPosition, Scn
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -35,7 +36,7 @@ def group_directory(brdir: Path, group: str) -> Path:
     return brdir / group.upper()
 
 
-def object_name(thread: int, xid: str, checkpoint_scn: int) -> str:
+def object_name(thread: int, xid: str, checkpoint_scn: Scn) -> str:
     digest = hashlib.sha256(f"{thread}\x00{xid}".encode("utf-8")).hexdigest()[:40]
     return f"{digest}.{checkpoint_scn}.parquet"
 
@@ -74,7 +75,7 @@ def restore(spark: SparkSession, restored: list[ckpt.OpenTransaction]) -> DataFr
     return spark.read.parquet(*paths).select(*RECORD_COLUMNS)
 
 
-def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: int,
+def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: Scn,
             spark: SparkSession) -> dict[tuple[int, str], ckpt.PersistedObject]:
     """Write each listed transaction's records (all it has so far) to its own file.
     Files are written completely (temporary name, fsync, rename) before the BR
@@ -99,8 +100,9 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
             os.fsync(handle.fileno())
         os.replace(temporary, path)
         last = rows.slice(len(rows) - 1).to_pylist()[0]
-        persisted[(thread, txid)] = ckpt.PersistedObject(path, _sha256(path), len(rows), last["sequence"],
-                                                         last["rba"], checkpoint_scn)
+        persisted[(thread, txid)] = ckpt.PersistedObject(path, _sha256(path), len(rows),
+                                                         LogPosition(thread, last["sequence"], last["rba"]),
+                                                         checkpoint_scn)
     return persisted
 
 

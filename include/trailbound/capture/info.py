@@ -20,15 +20,14 @@ _KIND_TITLES = {
 }
 
 
-def _read_block(kind: str, c) -> list[str]:
-    get = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
+def _read_block(kind: str, c: ckpt.ReadCheckpoint) -> list[str]:
     return [f"    {_KIND_TITLES[kind]}:",
-            f"        Thread #: {get('thread')}",
-            f"        Sequence #: {get('sequence')}",
-            f"        RBA: {get('rba')}",
-            f"        Timestamp: {timestamp(get('ts'))}",
-            f"        SCN: {get('scn')}",
-            f"        Redo File: {get('segment') or 'Not Available'}"]
+            f"        Thread #: {c.position.thread}",
+            f"        Sequence #: {c.position.sequence}",
+            f"        RBA: {c.position.rba}",
+            f"        Timestamp: {timestamp(c.ts)}",
+            f"        SCN: {c.scn}",
+            f"        Redo File: {c.segment or 'Not Available'}"]
 
 
 def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.ExtractState) -> list[str]:
@@ -56,8 +55,8 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     for txn in persisted:
         p = txn.persisted
         lines.append(f"        xid {txn.xid!r} thread {txn.thread} started scn {txn.start.scn} "
-                     f"({timestamp(txn.start.ts)[:19]}), {p.records} records through sequence {p.through_sequence} "
-                     f"rba {p.through_rba}, file {p.file.name}")
+                     f"({timestamp(txn.start.ts)[:19]}), {p.records} records through sequence {p.through.sequence} "
+                     f"rba {p.through.rba}, file {p.file.name}")
     if state.read_scn is None:
         lines.append("    Next run: a first run (reads from the archive's start)")
         return lines
@@ -98,11 +97,12 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
                          f"(updated {lag(ago)} ago)")
     for thread, c in sorted(current.items()):
         lines.append(f"Log Read Checkpoint  File {c.segment}")
-        lines.append(f"                     {timestamp(c.ts)[:19]}  Thread {thread}, Seqno {c.sequence}, RBA {c.rba}")
+        lines.append(f"                     {timestamp(c.ts)[:19]}  Thread {thread}, Seqno {c.position.sequence}, "
+                     f"RBA {c.position.rba}")
     if not current:
         lines.append(f"Log Read Checkpoint  not yet read; begins at {state.begin_spec} (scn {state.begin_scn})")
     w = state.write
-    lines.append(f"Write Checkpoint     Trail {state.exttrail}, Seqno {w.seqno}, RBA {w.rba}, "
+    lines.append(f"Write Checkpoint     Trail {state.exttrail}, Seqno {w.position.seqno}, RBA {w.position.rba}, "
                  f"last CSN {w.last_csn or 'none'}")
     waiting = [t for t in state.open if t.skip_reason is None]
     lines.append(f"Open Transactions    {len(waiting)}" + (f" (+{len(state.open) - len(waiting)} skipped)"
@@ -120,7 +120,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
             if thread in state.read[kind]:
                 lines += _read_block(kind, state.read[kind][thread])
     lines += ["", "Write Checkpoint #1", "", "    Trail", "    Current Checkpoint (current write position):",
-              f"        Sequence #: {w.seqno}", f"        RBA: {w.rba}", f"        Timestamp: {timestamp(w.written_at)}",
+              f"        Sequence #: {w.position.seqno}", f"        RBA: {w.position.rba}", f"        Timestamp: {timestamp(w.written_at)}",
               f"        Last CSN: {w.last_csn or 'none'}", f"        Extract Trail: {state.exttrail}",
               "", "    Status:", f"        Begin = {state.begin_spec} (scn {state.begin_scn})",
               f"        Read below SCN = {state.read_scn if state.read_scn is not None else 'Not Available'}",

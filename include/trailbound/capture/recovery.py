@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.config import ExtractConfig
+from trailbound.positions import Scn
 from trailbound.tables import table_spec
 
 NORMAL, BOUNDED = "normal", "bounded"
@@ -80,10 +81,10 @@ class RestartPoint:
     """Where a run starts reading: every thread from `from_scn` (None: from the start of
     the archive), and the threads in `starts` from those positions when earlier."""
 
-    from_scn: int | None
+    from_scn: Scn | None
     starts: dict[int, ckpt.ReadCheckpoint]
 
-    def floor(self, thread: int) -> int | None:
+    def floor(self, thread: int) -> Scn | None:
         """The lowest SCN needed from a thread (segments wholly below it are not read)."""
         if self.from_scn is None:
             return None
@@ -121,7 +122,7 @@ def restart_point(state: ckpt.ExtractState, plan: RecoveryPlan) -> RestartPoint:
     return RestartPoint(from_scn, starts)
 
 
-def required_scn(state: ckpt.ExtractState, plan: RecoveryPlan) -> int:
+def required_scn(state: ckpt.ExtractState, plan: RecoveryPlan) -> Scn:
     """The lowest SCN the next run, recovering by `plan`, needs from the archive:
     archive-log retention's REQUIRED_CHECKPOINT_SCN. Before the first run (or after
     `alter extract ... begin`), the begin SCN."""
@@ -130,7 +131,7 @@ def required_scn(state: ckpt.ExtractState, plan: RecoveryPlan) -> int:
     return min([restart_point(state, plan).from_scn, *(t.start.scn for t in _reread(state, plan))])
 
 
-def normal_restart_scn(state: ckpt.ExtractState) -> int:
+def normal_restart_scn(state: ckpt.ExtractState) -> Scn:
     """Where a restart without Bounded Recovery reads from: what a trail file's log_bsn
     carries (GoldenGate's recovery SCN for the transactions in it)."""
     return required_scn(state, RecoveryPlan(NORMAL, []))

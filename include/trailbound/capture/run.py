@@ -36,7 +36,7 @@ from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, TrailboundError
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn
+from trailbound.positions import Csn, LogPosition, Scn, TrailPosition
 from trailbound.tables import table_spec
 from trailbound import trail as trails
 
@@ -66,7 +66,7 @@ class Stopwatch:
 @dataclass
 class RunResult:
     group: str
-    horizon_scn: int | None
+    horizon_scn: Scn | None
     records_read: int = 0
     transactions_written: int = 0
     records_written: int = 0
@@ -91,6 +91,11 @@ class RunResult:
 def _utc(value: datetime | None) -> datetime | None:
     """Spark hands timestamps back naive (in the session's UTC zone); make them aware."""
     return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+
+def _read_checkpoint(thread: int, at, segment: str | None = None) -> ckpt.ReadCheckpoint:
+    """A read checkpoint from a Spark struct of the record there (sequence, rba, scn, ts)."""
+    return ckpt.ReadCheckpoint(LogPosition(thread, at["sequence"], at["rba"]), Scn(at["scn"]), _utc(at["ts"]), segment)
 
 
 def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | None = None) -> ckpt.ExtractState:
@@ -122,22 +127,22 @@ def _restart_condition(restart: recovery.RestartPoint):
     earlier start, from that position on."""
     if restart.from_scn is None:
         return F.lit(True)
-    condition = F.col("scn") >= F.lit(restart.from_scn)
+    condition = F.col("scn") >= F.lit(restart.from_scn.value)
     for thread, start in restart.starts.items():
+        at = start.position
         condition = condition | ((F.col("thread") == thread) & (
-            (F.col("sequence") > start.sequence) |
-            ((F.col("sequence") == start.sequence) & (F.col("rba") >= start.rba))))
+            (F.col("sequence") > at.sequence) | ((F.col("sequence") == at.sequence) & (F.col("rba") >= at.rba))))
     return condition
 
 
-def _segments_to_read(entries, state: ckpt.ExtractState, restart: recovery.RestartPoint, horizon_scn: int):
+def _segments_to_read(entries, state: ckpt.ExtractState, restart: recovery.RestartPoint, horizon_scn: Scn):
     chosen = []
     for entry in entries:
         s = entry.segment
         floor = restart.floor(s.thread)
-        if s.first_scn >= horizon_scn or (floor is not None and s.next_scn <= floor) or s.records == 0:
+        if s.first_scn >= horizon_scn.value or (floor is not None and s.next_scn <= floor.value) or s.records == 0:
             continue
-        if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn:
+        if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn.value:
             continue  # a first run needs nothing purged below its begin point
         if entry.state != AVAILABLE or not s.path.exists():
             needed = floor if floor is not None else s.first_scn
@@ -174,23 +179,23 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         state = ensure_group(store, config, name)
         state.last_started = started_at
         horizon = catalog.horizon(until)
-        if horizon is None or (state.read_scn is not None and horizon.scn.value <= state.read_scn):
-            return RunResult(name, horizon.scn.value if horizon else None,
+        if horizon is None or (state.read_scn is not None and horizon.scn <= state.read_scn):
+            return RunResult(name, horizon.scn if horizon else None,
                              note="nothing new below the horizon" + (f" archived by {until:%Y-%m-%d %H:%M:%S}" if until else ""))
-        horizon_scn = horizon.scn.value
+        horizon_scn = horizon.scn
         brreset = brreset or recovery.brreset_pending(state)
         plan = recovery.plan(state, extract, brreset=brreset)
         restart = recovery.restart_point(state, plan)
         segments = _segments_to_read(catalog.entries(), state, restart, horizon_scn)
         log_bsn = recovery.normal_restart_scn(state)
         from_log = (reader.read_records(spark, segments)
-                    .where((F.col("scn") < F.lit(horizon_scn)) & _restart_condition(restart)))
+                    .where((F.col("scn") < F.lit(horizon_scn.value)) & _restart_condition(restart)))
         records = from_log.withColumn("restored", F.lit(False))
         restored = bounded.restore(spark, plan.restored)
         if restored is not None:
             # Records a persisted object already holds are dropped from the re-read.
             held = spark.createDataFrame(
-                [(t.thread, t.xid, t.persisted.through_sequence, t.persisted.through_rba) for t in plan.restored],
+                [(t.thread, t.xid, t.persisted.through.sequence, t.persisted.through.rba) for t in plan.restored],
                 "thread int, held_txid string, through_sequence long, through_rba long")
             records = (records.withColumn("held_txid", F.coalesce("parent_xid", "xid"))
                        .join(F.broadcast(held), ["thread", "held_txid"], "left")
@@ -210,7 +215,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
 def _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until, started_at,
                          log_bsn, watch: Stopwatch, plan: recovery.RecoveryPlan, restart: recovery.RestartPoint,
                          brreset: bool) -> RunResult:
-    horizon_scn = horizon.scn.value
+    horizon_scn = horizon.scn
     read_time = horizon.time
     skip_targets = _directive_targets(state, "skiptrans")
     force_targets = _directive_targets(state, "forcetrans")
@@ -229,14 +234,15 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         raise ArchiveError(path, bad["message"], rba=bad["rba"])
 
     prefix = state.exttrail
-    _remove_uncommitted_files(store, prefix, state.write.seqno)
+    _remove_uncommitted_files(store, prefix, state.write.position.seqno)
     staging = prefix.parent / f".staging-{state.group}"
     shutil.rmtree(staging, ignore_errors=True)
     assembly.trail.write.mode("overwrite").parquet(str(staging))
     watch.lap("order committed records (Spark)")
     crashpoint("before_trail_write")
-    writer = trails.TrailWriter(prefix, state.write.seqno + 1, max_bytes=int(extract.megabytes * 1024 * 1024),
-                                group=state.group, log_bsn=log_bsn)
+    writer = trails.TrailWriter(prefix, state.write.position.seqno + 1,
+                                max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group,
+                                log_bsn=log_bsn.value)
     for part in sorted(staging.glob("part-*.parquet")):
         for batch in pq.ParquetFile(part).iter_batches(batch_size=65536, columns=[c for c in trails.COLUMNS if c != "rba"]):
             batch = batch.add_column(0, "rba", pa.array([0] * len(batch), pa.int64()))
@@ -255,7 +261,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         F.max(F.struct("sequence", "rba", "scn", "ts", "file")).alias("last"),
         F.min(F.struct("sequence", "rba", "scn", "ts", "file")).alias("first"),
         F.count(F.lit(1)).alias("n"),
-        F.sum(F.when(F.col("scn") < F.lit(state.read_scn if state.read_scn is not None else -1), 1)
+        F.sum(F.when(F.col("scn") < F.lit(state.read_scn.value if state.read_scn is not None else -1), 1)
               .otherwise(0)).alias("reread"),
         F.min("ts").alias("from_time")).collect()
 
@@ -272,10 +278,9 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         key = (row["thread"], row["txid"])
         reason = row["skip_reason"]
         if row["forced"]:
-            forced_csn[key] = f"{horizon_scn}@0:0:{row['end']['rba']}"
+            forced_csn[key] = Csn.forced(horizon_scn, row["end"]["rba"])
             reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
-        start = ckpt.ReadCheckpoint(row["thread"], row["start"]["sequence"], row["start"]["rba"],
-                                    row["start"]["scn"], _utc(row["start"]["ts"]))
+        start = _read_checkpoint(row["thread"], row["start"])
         if key in previous and previous[key].start.position < start.position:
             start = previous[key].start  # a skipped transaction re-read only in part keeps its start
         state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
@@ -283,16 +288,13 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
 
     for row in per_thread:
         last, first = row["last"], row["first"]
-        current = ckpt.ReadCheckpoint(row["thread"], last["sequence"], last["rba"], last["scn"], _utc(last["ts"]),
-                                      last["file"])
+        current = _read_checkpoint(row["thread"], last, last["file"])
         state.read["current"][row["thread"]] = current
-        state.read["startup"].setdefault(row["thread"], ckpt.ReadCheckpoint(
-            row["thread"], first["sequence"], first["rba"], first["scn"], _utc(first["ts"]), first["file"]))
+        state.read["startup"].setdefault(row["thread"], _read_checkpoint(row["thread"], first, first["file"]))
     for thread, current in state.read["current"].items():
         starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None and t.persisted is None]
         oldest = min(starts, key=lambda s: s.position) if starts else current
-        state.read["recovery"][thread] = ckpt.ReadCheckpoint(thread, oldest.sequence, oldest.rba, oldest.scn,
-                                                             oldest.ts, oldest.segment or current.segment)
+        state.read["recovery"][thread] = dataclasses.replace(oldest, segment=oldest.segment or current.segment)
 
     warnings = []
     if plan.reason:
@@ -308,7 +310,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     crashpoint("after_br_persist")
 
     if files:
-        state.write = ckpt.WriteCheckpoint(files[-1].seqno, files[-1].records, files[-1].last_csn)
+        state.write = ckpt.WriteCheckpoint(TrailPosition(files[-1].seqno, files[-1].records), files[-1].last_csn)
     read_from = state.read_scn
     state.read_scn, state.read_time = horizon_scn, read_time
     state.table_spec = table_spec(extract.table)
@@ -380,7 +382,8 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon
         if txn.skip_reason is None and txn.persisted is None:
             known = oldest.get(txn.thread)
             if known is None or txn.start.scn < known["scn"]:
-                oldest[txn.thread] = {"xid": txn.xid, "sequence": txn.start.sequence, "rba": txn.start.rba,
+                oldest[txn.thread] = {"xid": txn.xid, "sequence": txn.start.position.sequence,
+                                      "rba": txn.start.position.rba,
                                       "scn": txn.start.scn, "ts": txn.start.ts}
     persisted = [t.persisted for t in state.open if t.persisted]
     return {"scn": horizon_scn, "log_time": read_time, "interval_seconds": int(interval.total_seconds()),

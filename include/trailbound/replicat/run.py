@@ -547,7 +547,7 @@ class _Run:
             # position in both checkpoints, keeping log_csn.
             with self.connection.cursor() as cur:
                 ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir,
-                                 initial_csn=self.checkpoint.log_csn)
+                                 log_csn=self.checkpoint.log_csn, keep_log_csn=True)
             self.connection.commit()
             self._save(ckpt.Checkpoint(chunk.end, self.checkpoint.log_csn, self.checkpoint.log_bsn,
                                        self.checkpoint.audit_ts), now=True)
