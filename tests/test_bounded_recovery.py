@@ -16,6 +16,7 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
+from trailbound.positions import Scn
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 HOUR = 3600
@@ -89,7 +90,7 @@ def test_a_transaction_open_48_hours_is_persisted_survives_runs_and_a_crash_and_
         if h < 48:
             [long_one] = [t for t in state(store).open if t.xid == "LONG"]
             assert long_one.persisted is not None and long_one.persisted.file.parent == brdir
-            assert long_one.start.scn == hours(0) + 1800, "the persisted transaction keeps its true start"
+            assert long_one.start.scn == Scn(hours(0) + 1800), "the persisted transaction keeps its true start"
             assert [p.name for p in brdir.iterdir()] == [long_one.persisted.file.name], "stale files are removed"
             if n > 0:
                 assert result.recovery == "bounded"
@@ -255,3 +256,24 @@ def test_info_extract_br_shows_checkpoint_persisted_restart_and_bound(persisted_
                      f"Next run: bounded recovery, re-reads every thread from scn {hours(4)}",
                      "guarantees at most 2:00:00"):
         assert expected in shown, expected
+
+
+def test_after_start_extract_brreset_info_predicts_the_restart_the_next_run_does(persisted_setup, spark, store,
+                                                                                 monkeypatch, capsys):
+    _, config_path, config, long_one = persisted_setup
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    base = ["--config", str(config_path)]
+    assert cli.main([*base, "start", "extract", "EXT1", "--brreset"]) == 0
+    capsys.readouterr()
+    assert cli.main([*base, "info", "extract", "EXT1", "--br"]) == 0
+    [predicted] = [line.strip() for line in capsys.readouterr().out.splitlines() if "Next run:" in line]
+    assert predicted.startswith("Next run: normal (fallback: brreset requested) recovery"), predicted
+    assert f"thread 1 from {long_one.start.position} (scn {long_one.start.scn})" in predicted, \
+        "normal recovery goes back to the persisted transaction's true start"
+
+    result = run(spark, store, config, 5)
+    did = f"{result.recovery} recovery, {result.restart}"
+    assert predicted == f"Next run: {did}" and did in result.describe()
+    last = runs(store)[-1]
+    assert last["recovery"] == "normal (fallback: brreset requested)"
+    assert last["read_from_time"] == long_one.start.ts, "the run really re-read from the predicted start"

@@ -19,6 +19,7 @@ from trailbound.capture.run import CRASH_POINTS, run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ArchiveError
 from trailbound.metadata import MetadataStore
+from trailbound.positions import LogPosition, Scn
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
@@ -78,8 +79,8 @@ def test_a_transaction_open_across_many_runs_is_written_once_whole(tmp_path, spa
         assert "L" not in [xid for xid, _ in written]
         st = state(store)
         [long_one] = [t for t in st.open if t.xid == "L"]
-        assert (long_one.start.sequence, long_one.start.rba, long_one.start.scn) == (1, 2, 50)
-        assert st.read["recovery"][1].scn == 50, "recovery restarts at the oldest open transaction"
+        assert (long_one.start.position, long_one.start.scn) == (LogPosition(1, 1, 2), Scn(50))
+        assert st.read["recovery"][1].scn == Scn(50), "recovery restarts at the oldest open transaction"
     run(spark, store, config, until=at(800))
     run(spark, store, config)  # and again: nothing may be written twice
     written = transactions(committed_trail(store, config))
@@ -113,7 +114,7 @@ def test_table_selection_still_tracks_transactions_it_does_not_write(tmp_path, s
     config = load_config(tmp_path)
     run(spark, store, config, until=at(100))
     assert [t.xid for t in state(store).open] == ["HR"]  # open, though it touches no selected table
-    assert state(store).read["recovery"][1].scn == 10
+    assert state(store).read["recovery"][1].scn == Scn(10)
     run(spark, store, config)
     assert transactions(committed_trail(store, config)) == [("MIX", [3])]
     assert state(store).open == []
@@ -180,7 +181,7 @@ def test_a_crash_at_any_point_then_a_rerun_gives_the_uninterrupted_trail(tmp_pat
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     after = state(store)
     if point == "after_checkpoint_commit":
-        assert after.read_scn == 200
+        assert after.read_scn == Scn(200)
     else:
         assert (after.read_scn, after.write) == (before.read_scn, before.write), "no checkpoint may move"
     run(spark, store, config, at(200))

@@ -463,20 +463,20 @@ def test_a_refused_record_is_named_and_the_checkpoint_stays_then_handlecollision
             run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
         refused = next(r for r in records if r["xid"] == "T2" and json.loads(r["after"])["id"] == 3)
         assert (error.value.path, error.value.rba, error.value.csn, error.value.table, error.value.key) == \
-            (refused["path"], refused["rba"], trail.csn_of(refused), "shop.orders", {"id": 3})
-        assert str(error.value).startswith(f"{refused['path']} rba {refused['rba']}: CSN {trail.csn_of(refused)}")
+            (refused["path"], refused["rba"], Csn.from_row(refused), "shop.orders", {"id": 3})
+        assert str(error.value).startswith(f"{refused['path']} rba {refused['rba']}: CSN {Csn.from_row(refused)}")
         assert "duplicate key" in str(error.value)
         # T1 went in (replayed on its own), T2 did not: the checkpoint is right after T1.
         t1 = next(r for r in records if r["xid"] == "T1")
         row = checkpoint_row(target_dsn)
-        assert (row["log_csn"], row["seqno"], row["rba"]) == (str(trail.csn_of(t1)), 1, t1["rba"] + 1)
+        assert (row["log_csn"], row["seqno"], row["rba"]) == (str(Csn.from_row(t1)), 1, t1["rba"] + 1)
         assert _orders(target_dsn) == {1: "n1", 3: "already here"}
 
     config = configuration.load(write_config(tmp_path, tables=("shop.*",), handlecollisions=True))
     result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
     assert result.collisions == 2  # the duplicate insert of 3 became an update; the update of 5 was skipped
     assert _orders(target_dsn) == {1: "n1", 2: "n2", 3: "n3", 4: "n4"}
-    assert checkpoint_row(target_dsn)["log_csn"] == str(trail.csn_of(records[-1]))
+    assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(records[-1]))
 
 
 def test_alter_replicat_repositions_and_info_shows_both_checkpoints(tmp_path, spark, store, target_dsn, capsys,
@@ -493,7 +493,7 @@ def test_alter_replicat_repositions_and_info_shows_both_checkpoints(tmp_path, sp
     run = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
     run_extract(spark, store, config, "EXT1")
     records = _trail_records(store)
-    csn = {r["xid"]: trail.csn_of(r) for r in records}
+    csn = {r["xid"]: Csn.from_row(r) for r in records}
     copy = sql.Identifier("Shop Copy", "orders")
     assert run("target", "create") == 0 and "Shop Copy.orders" in capsys.readouterr().out
 
@@ -549,7 +549,7 @@ def test_lost_trail_recreated_from_log_bsn_applies_nothing_twice(tmp_path, spark
     with pytest.raises(TrailboundError, match="Lost trails") as error:
         run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
     assert lost in str(error.value)
-    assert checkpoint_row(target_dsn)["log_csn"] == str(trail.csn_of(next(r for r in _trail_records(store, upto=2)
+    assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(next(r for r in _trail_records(store, upto=2)
                                                                         if r["xid"] == "T2")))
 
     # The runbook: re-create the trail from the replica's log_bsn (capture re-created on a

@@ -20,9 +20,11 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.archive.catalog import AVAILABLE, PURGED, ArchiveCatalog, CatalogEntry
 from trailbound.archive.segments import Segment
+from trailbound.capture import recovery
 from trailbound.capture.checkpoints import BrCheckpoint, ExtractState, OpenTransaction, PersistedObject, ReadCheckpoint
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ArchiveError, ConfigError
+from trailbound.positions import LogPosition, Scn
 from trailbound.retention import Registration, plan_retention, register, run_retention
 
 
@@ -38,7 +40,8 @@ def entry(thread: int, sequence: int, *, records: int = 1, size: int = 100, back
 
 
 def reg(group: str, required: int, read: int | None = -1, *, enabled: bool = True) -> Registration:
-    return Registration(group, "SRC", 0, required, required if read == -1 else read, enabled)
+    read_scn = required if read == -1 else read
+    return Registration(group, "SRC", Scn(0), Scn(required), None if read_scn is None else Scn(read_scn), enabled)
 
 
 def policy(**options) -> configuration.RetentionConfig:
@@ -64,7 +67,7 @@ def test_purges_at_or_below_the_required_scn_and_says_why_the_rest_stays():
     plan = plan_retention("SRC", thread(1), [reg("EXT1", hours(3), read=hours(5))], policy())
     assert verdicts(plan) == {(1, 1): "purge", (1, 2): "purge", (1, 3): "purge",   # next_scn 3h <= required 3h
                               (1, 4): "keep", (1, 5): "keep", (1, 6): "keep"}
-    assert {d.allowing_scn for d in plan.purged} == {hours(3)}
+    assert {d.allowing_scn for d in plan.purged} == {Scn(hours(3))}
     assert "below required scn 10800" in plan.purged[0].reason
     why = {d.segment.sequence: d.reason for d in plan.kept}
     assert why[4] == why[5] == f"needed by extract EXT1 from scn {hours(3)}"
@@ -82,7 +85,7 @@ def test_the_lowest_of_two_captures_wins_and_only_it_is_named():
                           [reg("EXT1", hours(5)), reg("EXT2", hours(2) + 1800, read=hours(4)),
                            reg("OLD", 0, enabled=False)],
                           policy())
-    assert plan.required_scn == hours(2) + 1800
+    assert plan.required_scn == Scn(hours(2) + 1800)
     assert sorted((d.segment.thread, d.segment.sequence) for d in plan.purged) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     why = {(d.segment.thread, d.segment.sequence): d.reason for d in plan.kept}
     assert why[(1, 3)] == f"needed by extract EXT2 from scn {hours(2) + 1800}", "EXT1 is past sequence 3"
@@ -168,34 +171,39 @@ def test_retention_options_are_checked_and_sizes_parsed(tmp_path):
 # ---------------------------------------------------------------- the required SCN a capture publishes
 
 def _open(xid: str, start: int, *, skip: str | None = None, persisted: bool = False) -> OpenTransaction:
-    obj = PersistedObject(Path(f"/br/{xid}"), "0" * 64, 3, 1, 2, hours(4)) if persisted else None
-    return OpenTransaction(xid, 1, ReadCheckpoint(1, 1, 0, start, at(start)), 3, 30, skip, obj)
+    obj = PersistedObject(Path(f"/br/{xid}"), "0" * 64, 3, LogPosition(1, 1, 2), Scn(hours(4))) if persisted else None
+    return OpenTransaction(xid, 1, ReadCheckpoint(LogPosition(1, 1, 0), Scn(start), at(start)), 3, 30, skip, obj)
 
 
 def _state(read_scn, open_=(), checkpoint_scn: int | None = None, begin: int = 500) -> ExtractState:
-    checkpoint = BrCheckpoint(1, checkpoint_scn, at(checkpoint_scn), HOUR, "shop.*", {}, 1, 10) \
+    checkpoint = BrCheckpoint(1, Scn(checkpoint_scn), at(checkpoint_scn), HOUR, "shop.*", {}, 1, 10) \
         if checkpoint_scn is not None else None
-    return ExtractState("EXT1", "SRC", Path("/t/lt"), begin, f"scn {begin}", "shop.*", read_scn, open=list(open_),
-                        br_checkpoint=checkpoint)
+    return ExtractState("EXT1", "SRC", Path("/t/lt"), Scn(begin), f"scn {begin}", "shop.*",
+                        None if read_scn is None else Scn(read_scn), open=list(open_), br_checkpoint=checkpoint)
+
+
+def _required(state_: ExtractState, br_usable: bool) -> int:
+    plan = recovery.committed_plan(state_) if br_usable else recovery.RecoveryPlan(recovery.NORMAL, [])
+    return recovery.required_scn(state_, plan).value
 
 
 def test_required_scn_before_the_first_run_is_the_begin_point():
-    assert _state(None).required_scn(br_usable=True) == 500
+    assert _required(_state(None), True) == 500
 
 
 def test_required_scn_is_the_oldest_open_transaction_that_will_be_written():
     state_ = _state(hours(6), [_open("A", hours(3)), _open("B", hours(1), skip="skiptrans"), _open("C", hours(5))])
-    assert state_.required_scn(br_usable=True) == hours(3), "a skipped transaction is never re-read"
-    assert _state(hours(6)).required_scn(br_usable=True) == hours(6), "nothing open: the read position"
+    assert _required(state_, True) == hours(3), "a skipped transaction is never re-read"
+    assert _required(_state(hours(6)), True) == hours(6), "nothing open: the read position"
 
 
 def test_required_scn_with_bounded_recovery_is_the_restart_bounded_recovery_uses():
     open_ = [_open("OLD", hours(1), persisted=True), _open("YOUNG", hours(4) + 600)]
     with_br = _state(hours(6), open_, checkpoint_scn=hours(5))
-    assert with_br.required_scn(br_usable=True) == hours(4) + 600
-    assert _state(hours(6), open_[:1], checkpoint_scn=hours(5)).required_scn(br_usable=True) == hours(5)
-    assert with_br.required_scn(br_usable=False) == hours(1), "BR not usable: the true start"
-    assert _state(hours(6), open_).required_scn(br_usable=True) == hours(1), "no BR checkpoint: nothing to restore"
+    assert _required(with_br, True) == hours(4) + 600
+    assert _required(_state(hours(6), open_[:1], checkpoint_scn=hours(5)), True) == hours(5)
+    assert _required(with_br, False) == hours(1), "BR not usable: the true start"
+    assert _required(_state(hours(6), open_), True) == hours(1), "no BR checkpoint: nothing to restore"
 
 
 # ---------------------------------------------------------------- retention runs with real captures
@@ -286,7 +294,7 @@ def test_open_transactions_pin_their_log_with_and_without_br_until_br_persists_t
                                             retention="  minkeephours: 0\n", filename="broff.yaml"))
     before = snapshot(store, tmp_path)
     unusable = run_retention(store, broff, dry_run=True).sources[0].plan
-    assert unusable.purged == [] and unusable.required_scn == long_start
+    assert unusable.purged == [] and unusable.required_scn == Scn(long_start)
     [ext1] = [r for r in unusable.registrations if r.group == "EXT1"]
     assert ext1.committed_scn == hours(5) and "normal recovery" in ext1.note
     dry = run_retention(store, config, dry_run=True)

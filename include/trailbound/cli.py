@@ -300,12 +300,13 @@ def info_extract(ctx: Context) -> int:
 def logdump(ctx: Context) -> int:
     import json as _json
 
+    from trailbound.positions import Csn
     from trailbound.trail import format as trail
 
     path = Path(ctx.args.file)
     seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
     for record in trail.iter_records(path, ctx.args.from_rba, ctx.args.count):
-        csn = trail.csn_of(record)
+        csn = Csn.from_row(record)
         fields = {"seqno": seqno, "rba": record["rba"], "trans_ind": record["trans_ind"], "csn": str(csn),
                   "xid": record["xid"], "commit_ts": record["commit_ts"].isoformat(), "op": record["op"],
                   "table": record["table"], "before": record["before"], "after": record["after"]}

@@ -8,11 +8,22 @@ Text forms:
   LogPosition    "1:47:68748800"          thread:sequence:rba
   Csn            "8440969@1:47:68748800"  commit scn @ position of the COMMIT record
   TrailPosition  "3:2142224"              trail seqno:rba
+
+The trail's order is the CSN order, then each record's own log position. In columns
+(trail files, Spark and Arrow tables) a CSN is the four CSN_COLUMNS; TRAIL_ORDER is the
+full sort key, `Csn.from_row` reads a CSN back from a row or struct, and
+`csn_at_or_below` compares many rows at once (Spark Columns or NumPy arrays alike).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+# A CSN as columns, most significant first (the order of Csn's fields).
+CSN_COLUMNS = ("csn", "csn_thread", "csn_sequence", "csn_rba")
+# The trail's order: the transaction's CSN, then the record's position in the log.
+TRAIL_ORDER = CSN_COLUMNS + ("src_sequence", "src_rba")
 
 
 def _ints(text: str, sep: str, count: int, what: str) -> list[int]:
@@ -69,6 +80,22 @@ class Csn:
     sequence: int = 0
     rba: int = 0
 
+    @classmethod
+    def forced(cls, at: "Scn", k: int) -> "Csn":
+        """FORCETRANS: an open transaction written as committed now, the k-th of a run
+        reading below `at`. No real commit of the run is at or above `at`; thread 0
+        (no redo thread) marks it forced."""
+        return cls(at.value, 0, 0, k)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Csn":
+        """The CSN of a trail row (a dict, Arrow row or Spark Row with CSN_COLUMNS)."""
+        return cls(*(int(row[column]) for column in CSN_COLUMNS))
+
+    def key(self) -> tuple[int, int, int, int]:
+        """The CSN as a tuple in CSN_COLUMNS order: what it sorts by."""
+        return (self.scn, self.thread, self.sequence, self.rba)
+
     @property
     def commit_position(self) -> LogPosition:
         return LogPosition(self.thread, self.sequence, self.rba)
@@ -99,3 +126,14 @@ class TrailPosition:
     @classmethod
     def parse(cls, text: str) -> "TrailPosition":
         return cls(*_ints(text, ":", 2, "trail position (seqno:rba)"))
+
+
+def csn_at_or_below(columns: Sequence[Any], bound: Csn):
+    """Rows whose CSN, given as four columns in CSN_COLUMNS order, sorts at or below
+    `bound`: lexicographic, the ordering rule of Csn for many rows at once. Works on
+    anything with elementwise <, == and & | (Spark Columns, NumPy arrays)."""
+    values = bound.key()
+    result = columns[-1] <= values[-1]
+    for column, value in reversed(list(zip(columns[:-1], values[:-1]))):
+        result = (column < value) | ((column == value) & result)
+    return result

@@ -21,11 +21,12 @@ import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trailbound import trail
+from trailbound.trail import format as trail
 from trailbound.archive.segments import Segment
+from trailbound.positions import CSN_COLUMNS, TRAIL_ORDER
 
 log = logging.getLogger(__name__)
-_ORDER = ["csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba"]
+_ORDER = list(TRAIL_ORDER)
 
 
 @dataclass
@@ -59,7 +60,7 @@ def rolled_back_xids(segments: list[Segment]) -> set[str]:
 
 def _indicators_ok(frame: pd.DataFrame) -> pd.Series:
     """Per record: does its indicator fit its neighbours within the transaction?"""
-    key = frame[["csn", "csn_thread", "csn_sequence", "csn_rba"]].astype("int64")
+    key = frame[list(CSN_COLUMNS)].astype("int64")
     same_as_previous = (key == key.shift(1)).all(axis=1)
     same_as_next = (key == key.shift(-1)).all(axis=1)
     first, last = ~same_as_previous, ~same_as_next

@@ -9,7 +9,7 @@ recovery area is full. Here:
 
 - `capture_registration` rows are the registrations. A capture run updates its row's
   required SCN in the same metadata transaction as its checkpoints
-  (`ExtractState.required_scn`, Bounded-Recovery-aware).
+  (`capture.recovery.required_scn`, Bounded-Recovery-aware).
 - `plan_retention` is the policy, a pure function: catalog entries, registrations and
   the configured policy in; for every available segment out, whether it goes (with the
   reason and the SCN that allowed it) or why it stays.
@@ -37,10 +37,12 @@ from psycopg2 import sql
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, CatalogEntry, load_entries
 from trailbound.archive.segments import Segment
 from trailbound.capture import checkpoints as ckpt
+from trailbound.capture import recovery
 from trailbound.config import Config, RetentionConfig
 from trailbound.crash import crashpoint
 from trailbound.errors import ConfigError, TrailboundError
 from trailbound.metadata import MetadataStore
+from trailbound.positions import Scn
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +57,11 @@ class Registration:
 
     group: str
     source: str
-    first_scn: int
-    required_scn: int               # what retention keeps for it: min(committed, as recomputed now)
-    read_scn: int | None            # every record below was read (None: never ran, or repositioned)
+    first_scn: Scn
+    required_scn: Scn               # what retention keeps for it: min(committed, as recomputed now)
+    read_scn: Scn | None            # every record below was read (None: never ran, or repositioned)
     enabled: bool = True
-    committed_scn: int | None = None  # as its last capture run committed it
+    committed_scn: Scn | None = None  # as its last capture run committed it
     note: str | None = None         # why required_scn is below the committed one
     added: bool = True              # False: no extract group of that name exists (deleted, or never added)
     registered_at: datetime | None = None
@@ -71,16 +73,16 @@ class Registration:
         if self.read_scn is None:
             return (f"extract {self.group} has not run yet (a first run reads from the archive's oldest segment)"
                     if self.added else f"extract {self.group} is registered but not added")
-        if segment.next_scn > self.read_scn:
+        if segment.next_scn > self.read_scn.value:
             return f"not read yet by extract {self.group} (read below scn {self.read_scn})"
-        if segment.next_scn > self.required_scn:
+        if segment.next_scn > self.required_scn.value:
             return f"needed by extract {self.group} from scn {self.required_scn}"
         return None
 
     def needs(self, segment: Segment) -> bool:
         """Whether this capture's next run stops without `segment` (a segment with no
         record is never read; see capture.run._segments_to_read)."""
-        return segment.records > 0 and segment.next_scn > self.required_scn
+        return segment.records > 0 and segment.next_scn > self.required_scn.value
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Decision:
     entry: CatalogEntry
     purge: bool
     reason: str
-    allowing_scn: int | None = None   # the minimum required SCN that allowed the purge (None: kept, or forced)
+    allowing_scn: Scn | None = None   # the minimum required SCN that allowed the purge (None: kept, or forced)
     forced: bool = False              # purged by the space limit
     needed_by: tuple[str, ...] = ()   # captures whose next run stops without it
     gone: bool = False                # its data file had already left the archive directory
@@ -106,7 +108,7 @@ class RetentionPlan:
     source: str
     policy: RetentionConfig
     registrations: list[Registration]
-    required_scn: int | None          # minimum over enabled registrations (None: none registered)
+    required_scn: Scn | None          # minimum over enabled registrations (None: none registered)
     decisions: list[Decision]
     archive_bytes: int                # bytes of available segments on disk before the plan
     newest_time: datetime | None      # log time the archive reaches (minkeephours counts back from it)
@@ -172,7 +174,7 @@ class RetentionPlan:
         lines.append(bar)
         return "\n".join(lines)
 
-    def _required(self, group: str) -> int | None:
+    def _required(self, group: str) -> Scn | None:
         return next((r.required_scn for r in self.registrations if r.group == group), None)
 
 
@@ -260,30 +262,27 @@ def advice(config: Config, source: str) -> list[str]:
 
 # ---------------------------------------------------------------- registrations
 
-def _archive_start(cur, source: str) -> int:
+def _archive_start(cur, source: str) -> Scn:
     cur.execute("SELECT min(first_scn) AS scn FROM trailbound.archive_segment WHERE source = %s", (source,))
-    return cur.fetchone()["scn"] or 0
+    return Scn(cur.fetchone()["scn"] or 0)
 
 
-def _live_required(state: ckpt.ExtractState, config: Config) -> tuple[int, str | None]:
+def _live_required(state: ckpt.ExtractState, config: Config) -> tuple[Scn, str | None]:
     """The group's required SCN recomputed from its committed state and the current
     configuration and BR files. Bounded Recovery counts only if the next run would
-    really use it (plan_recovery: not broff, no brreset pending, not suspended, the same
+    really use it (recovery.plan: not broff, no brreset pending, not suspended, the same
     table selection, every persisted file present and intact); otherwise the next run
     re-reads from the true start of its oldest open transaction, and that log stays."""
+    normal = recovery.RecoveryPlan(recovery.NORMAL, [])
     if state.read_scn is None or not any(t.persisted for t in state.open):
-        return state.required_scn(br_usable=False), None
-    from trailbound.capture import bounded
-    from trailbound.capture.run import _table_spec
-
+        return recovery.required_scn(state, normal), None
     try:
         extract = config.extract(state.group)
     except ConfigError:
-        return state.required_scn(br_usable=False), "not in the configuration: Bounded Recovery not counted on"
-    brreset = any(d.kind == "brreset" for d in state.directives)
-    plan = bounded.plan_recovery(state, extract, _table_spec(extract.table), brreset)
-    usable = plan.mode == bounded.BOUNDED
-    return state.required_scn(br_usable=usable), None if usable else f"its next run uses normal recovery ({plan.reason})"
+        return recovery.required_scn(state, normal), "not in the configuration: Bounded Recovery not counted on"
+    plan = recovery.plan(state, extract)
+    usable = plan.mode == recovery.BOUNDED
+    return recovery.required_scn(state, plan), None if usable else f"its next run uses normal recovery ({plan.reason})"
 
 
 def load_registrations(cur, config: Config, source: str | None = None) -> list[Registration]:
@@ -296,7 +295,7 @@ def load_registrations(cur, config: Config, source: str | None = None) -> list[R
     registrations = []
     for row in rows:
         state = ckpt.load(cur, row["group_name"])
-        committed = row["required_scn"]
+        committed = Scn(row["required_scn"])
         required, note, read_scn = committed, None, None
         if state is not None:
             live, note = _live_required(state, config)
@@ -307,7 +306,7 @@ def load_registrations(cur, config: Config, source: str | None = None) -> list[R
             else:
                 note = None
         registrations.append(Registration(
-            row["group_name"], row["source"], row["first_scn"], required, read_scn, row["enabled"], committed, note,
+            row["group_name"], row["source"], Scn(row["first_scn"]), required, read_scn, row["enabled"], committed, note,
             state is not None, row["registered_at"], row["updated_at"], row["needs_restore"]))
     return registrations
 
@@ -336,7 +335,7 @@ def register(store: MetadataStore, config: Config, group: str) -> Registration:
             first = max(first, _archive_start(cur, source))
         cur.execute("DELETE FROM trailbound.capture_registration WHERE upper(group_name) = upper(%s)", (name,))
         cur.execute("INSERT INTO trailbound.capture_registration (group_name, source, first_scn, required_scn)"
-                    " VALUES (%s, %s, %s, %s)", (name, source, first, first))
+                    " VALUES (%s, %s, %s, %s)", (name, source, first.value, first.value))
         return next(r for r in load_registrations(cur, config, source) if r.group == name)
 
 
@@ -378,7 +377,7 @@ class RetentionResult:
     def summary(self) -> dict:
         """Per source, what the run did, as plain values (the retention Asset event's extra)."""
         return {o.plan.source: {
-            "run_id": o.run_id, "required_scn": o.plan.required_scn,
+            "run_id": o.run_id, "required_scn": _value(o.plan.required_scn),
             "purged_segments": len(o.plan.purged), "purged_bytes": sum(d.segment.bytes for d in o.plan.purged),
             "forced_segments": len(o.plan.forced), "kept_segments": len(o.plan.kept),
             "remaining_bytes": o.plan.remaining_bytes, "alert": o.alert} for o in self.sources}
@@ -406,8 +405,13 @@ class RetentionResult:
         return "\n".join(lines) or "No source is configured"
 
 
-def _scn(value: int | None) -> str:
+def _scn(value: Scn | None) -> str:
     return "none (no capture registered)" if value is None else str(value)
+
+
+def _value(scn: Scn | None) -> int | None:
+    """An SCN as the metadata store and the Asset event keep it (a number)."""
+    return None if scn is None else scn.value
 
 
 def _ranges(decisions: Sequence[Decision], gone_note: bool = False) -> list[str]:
@@ -491,9 +495,10 @@ def _run_source(store: MetadataStore, config: Config, source: str, dry_run: bool
             "INSERT INTO trailbound.retention_run (source, started_at, required_scn, registrations, policy,"
             " purged_segments, purged_bytes, forced_segments, warning) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " RETURNING run_id",
-            (source, started_at, plan.required_scn,
-             json.dumps([{"group": r.group, "enabled": r.enabled, "required_scn": r.required_scn,
-                          "committed_scn": r.committed_scn, "read_scn": r.read_scn} for r in registrations]),
+            (source, started_at, _value(plan.required_scn),
+             json.dumps([{"group": r.group, "enabled": r.enabled, "required_scn": r.required_scn.value,
+                          "committed_scn": _value(r.committed_scn), "read_scn": _value(r.read_scn)}
+                         for r in registrations]),
              json.dumps(config.retention.model_dump()), len(plan.purged),
              sum(d.segment.bytes for d in plan.purged), len(plan.forced), outcome.alert))
         outcome.run_id = run_id = cur.fetchone()["run_id"]
@@ -501,7 +506,7 @@ def _run_source(store: MetadataStore, config: Config, source: str, dry_run: bool
             "UPDATE trailbound.archive_segment SET state = 'purged', purged_at = now(), purge_reason = %s,"
             " purge_scn = %s, purge_run_id = %s, restored_at = NULL"
             " WHERE source = %s AND thread = %s AND sequence = %s AND state = 'available'",
-            [(d.reason + (" (its file was already gone)" if d.gone else ""), d.allowing_scn, run_id, source,
+            [(d.reason + (" (its file was already gone)" if d.gone else ""), _value(d.allowing_scn), run_id, source,
               d.segment.thread, d.segment.sequence) for d in plan.purged])
         for group, decisions in plan.needs_restore().items():
             text = (f"retention run #{run_id} purged, over maxbytes {config.retention.maxbytes}: "

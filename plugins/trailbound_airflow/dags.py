@@ -77,7 +77,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
 
             with TrailboundHook().store() as store, store.transaction() as cur:
                 state = ckpt.load(cur, group)
-            return state.write.seqno if state else 0
+            return state.write.position.seqno if state else 0
 
         capture = SparkSubmitOperator(
             task_id="capture", application=str(JOBS / "extract.py"), conn_id="spark_default",
@@ -94,7 +94,6 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             from trailbound import quality
             from trailbound.archive.catalog import ArchiveCatalog
             from trailbound.capture import checkpoints as ckpt
-            from trailbound.positions import TrailPosition
             from trailbound.trail import catalog
 
             hook = TrailboundHook()
@@ -109,7 +108,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
                 raise ValueError(report.describe())
             outlet_events[published].extra = {
                 "extract": group, "new_files": [path.name for path in files],
-                "write_position": str(TrailPosition(state.write.seqno, state.write.rba)),
+                "write_position": str(state.write.position),
                 "last_csn": str(state.write.last_csn) if state.write.last_csn else None}
             return report.describe()
 

@@ -25,22 +25,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from trailbound.archive import contract
-from trailbound.positions import Csn
-from trailbound.trail import BEGIN, END, MIDDLE, WHOLE
+from trailbound.positions import TRAIL_ORDER, Csn, Scn, csn_at_or_below
+from trailbound.trail.format import BEGIN, END, MIDDLE, WHOLE
 
 OPEN, WRITE, SKIP, DONE_EARLIER, ROLLED_BACK, ALREADY_WRITTEN = (
     "open", "write", "skip", "done earlier", "rolled back", "already written")
 
 _SKIPS = T.StructType([T.StructField("thread", T.IntegerType()), T.StructField("txid", T.StringType()),
                        T.StructField("skip_reason", T.StringType())])
-
-
-def _at_or_below(columns: list, values: list):
-    """Lexicographic (c1, c2, ...) <= (v1, v2, ...) for columns against constants."""
-    condition = F.lit(True)
-    for column, value in reversed(list(zip(columns, values))):
-        condition = (column < F.lit(value)) | ((column == F.lit(value)) & condition)
-    return condition
 
 
 def table_regex(patterns: list[str]) -> str:
@@ -57,12 +49,12 @@ def table_regex(patterns: list[str]) -> str:
 class Decisions:
     """What earlier runs left for this one."""
 
-    read_scn: int | None               # everything below was read before (None: first run)
-    begin_scn: int                     # transactions starting below it are never written
+    read_scn: Scn | None               # everything below was read before (None: first run)
+    begin_scn: Scn                     # transactions starting below it are never written
     last_written: Csn | None           # the write checkpoint's last CSN
     skips: list[tuple[int, str, str]]  # (thread, xid, reason) never to be written
     forced: list[tuple[int, str, int]] = ()  # (thread, xid, k): FORCETRANS, commit it now as the k-th
-    horizon_scn: int = 0               # this run reads below it; forced commits sort at it
+    horizon_scn: Scn = Scn(0)          # this run reads below it; forced commits sort at it
     read_time: datetime | None = None  # the log time of the horizon: a forced commit's time
 
 
@@ -74,7 +66,8 @@ class Assembly:
     violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
 
 
-def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tables: list[str], log_bsn: int) -> Assembly:
+def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tables: list[str],
+             log_bsn: Scn) -> Assembly:
     r = records.withColumn("txid", F.coalesce("parent_xid", "xid"))
     position = F.struct("sequence", "rba")
 
@@ -99,18 +92,19 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
     txns = txns.join(F.broadcast(forced), ["thread", "txid"], "left")
     is_forced = F.col("end").isNull() & F.col("force_k").isNotNull()
     forced_end = F.struct(F.lit(0).cast("long").alias("sequence"), F.col("force_k").alias("rba"),
-                          F.lit(decisions.horizon_scn).cast("long").alias("scn"),
+                          F.lit(decisions.horizon_scn.value).cast("long").alias("scn"),
                           F.lit(decisions.read_time).cast("timestamp").alias("ts"), F.lit("COMMIT").alias("op"))
     txns = (txns.withColumn("forced", is_forced)
             .withColumn("end", F.when(is_forced, forced_end).otherwise(F.col("end"))))
     skip_reason = F.coalesce(
         F.col("skip_reason"),
-        F.when(F.col("start.scn") < F.lit(decisions.begin_scn), F.lit("in flight at the begin point")))
+        F.when(F.col("start.scn") < F.lit(decisions.begin_scn.value), F.lit("in flight at the begin point")))
     already = F.lit(False)
     if decisions.last_written is not None:
-        already = _at_or_below([F.col("end.scn"), F.col("thread"), F.col("end.sequence"), F.col("end.rba")],
-                               list(decisions.last_written.__dict__.values()))
-    ended_earlier = F.lit(False) if decisions.read_scn is None else F.col("end.scn") < F.lit(decisions.read_scn)
+        already = csn_at_or_below([F.col("end.scn"), F.col("thread"), F.col("end.sequence"), F.col("end.rba")],
+                                  decisions.last_written)
+    ended_earlier = (F.lit(False) if decisions.read_scn is None
+                     else F.col("end.scn") < F.lit(decisions.read_scn.value))
     fate = (F.when(F.col("end").isNull(), F.lit(OPEN))
             .when(ended_earlier, F.lit(DONE_EARLIER))
             .when(skip_reason.isNotNull(), F.lit(SKIP))
@@ -160,7 +154,7 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
                  F.col("txid").alias("xid"), "commit_ts", "op", "table", "before", "after",
                  F.col("thread").cast("int").alias("src_thread"), F.col("sequence").alias("src_sequence"),
                  F.col("rba").alias("src_rba"), F.col("scn").alias("src_scn"),
-                 F.lit(log_bsn).cast("long").alias("log_bsn"))
-             .orderBy("csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba"))
+                 F.lit(log_bsn.value).cast("long").alias("log_bsn"))
+             .orderBy(*TRAIL_ORDER))
     return Assembly(trail=trail, transactions=txns, broken=broken_txns.select("thread").unionByName(
         broken_subs.select("thread")), violations=violations)

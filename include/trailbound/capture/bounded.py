@@ -1,5 +1,5 @@
-"""Bounded Recovery: persisted long-running transactions, BR checkpoints, and the choice
-between bounded and normal recovery for a run.
+"""Bounded Recovery's files: persisted long-running transactions and BR boundaries. The
+choice between bounded and normal recovery for a run is capture.recovery's.
 
 Every capture run is a restart. Without BR it re-reads each thread from the start of
 its oldest open transaction; with BR, transactions open longer than one BR interval at
@@ -13,7 +13,6 @@ transaction, that is at most two BR intervals of log (docs/bounded-recovery.md).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -25,11 +24,10 @@ from pyspark.sql import functions as F
 
 from trailbound.archive.reader import RECORD_COLUMNS
 from trailbound.capture import checkpoints as ckpt
-from trailbound.config import ExtractConfig
 from trailbound.durable import atomic_write, file_sha256
+from trailbound.positions import LogPosition, Scn
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-NORMAL, BOUNDED = "normal", "bounded"
 
 
 def group_directory(brdir: Path, group: str) -> Path:
@@ -38,7 +36,7 @@ def group_directory(brdir: Path, group: str) -> Path:
     return brdir / group.upper()
 
 
-def object_name(thread: int, xid: str, checkpoint_scn: int) -> str:
+def object_name(thread: int, xid: str, checkpoint_scn: Scn) -> str:
     digest = hashlib.sha256(f"{thread}\x00{xid}".encode("utf-8")).hexdigest()[:40]
     return f"{digest}.{checkpoint_scn}.parquet"
 
@@ -51,49 +49,25 @@ def crosses_boundary(previous: datetime | None, current: datetime, interval: tim
     return (current - _EPOCH) // interval > (previous - _EPOCH) // interval
 
 
-@dataclass(frozen=True)
-class RecoveryPlan:
-    mode: str                        # NORMAL or BOUNDED
-    restored: list                   # OpenTransactions whose persisted object is restored
-    reason: str | None = None        # why BR was not used although it could have been (a warning)
-
-    @property
-    def describe(self) -> str:
-        return self.mode if self.reason is None else f"{self.mode} (fallback: {self.reason})"
-
-
-def plan_recovery(state: ckpt.ExtractState, extract: ExtractConfig, table_spec: str, brreset: bool) -> RecoveryPlan:
-    """Bounded recovery when there are persisted transactions and everything about them
-    can be trusted; otherwise one normal recovery (with the reason as a warning)."""
-    persisted = [t for t in state.open if t.persisted is not None and t.skip_reason is None]
-    if not persisted:
-        return RecoveryPlan(NORMAL, [])
-    if extract.br.broff:
-        return RecoveryPlan(NORMAL, [], "BR is off (broff)")
-    if brreset:
-        return RecoveryPlan(NORMAL, [], "brreset requested")
-    if state.br_suspended:
-        return RecoveryPlan(NORMAL, [], f"BR suspended after a failure (broffonfailure): {state.br_suspended}")
-    if state.br_checkpoint is None or state.br_checkpoint.table_spec != table_spec:
-        return RecoveryPlan(NORMAL, [], "the table selection changed since the BR checkpoint")
-    for txn in persisted:
-        path = txn.persisted.file
-        if not path.is_file():
-            return RecoveryPlan(NORMAL, [], f"persisted file {path} is missing")
-        if file_sha256(path) != txn.persisted.sha256:
-            return RecoveryPlan(NORMAL, [], f"persisted file {path} is corrupt (sha256 differs)")
-    return RecoveryPlan(BOUNDED, persisted)
+def fault(persisted: ckpt.PersistedObject) -> str | None:
+    """Why a persisted object cannot be restored (its file missing or changed), or None."""
+    path = persisted.file
+    if not path.is_file():
+        return f"persisted file {path} is missing"
+    if file_sha256(path) != persisted.sha256:
+        return f"persisted file {path} is corrupt (sha256 differs)"
+    return None
 
 
-def restore(spark: SparkSession, plan: RecoveryPlan) -> DataFrame | None:
+def restore(spark: SparkSession, restored: list[ckpt.OpenTransaction]) -> DataFrame | None:
     """The persisted transactions' records, as a records DataFrame."""
-    if not plan.restored:
+    if not restored:
         return None
-    paths = [str(t.persisted.file) for t in plan.restored]
+    paths = [str(t.persisted.file) for t in restored]
     return spark.read.parquet(*paths).select(*RECORD_COLUMNS)
 
 
-def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: int,
+def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: Scn,
             spark: SparkSession) -> dict[tuple[int, str], ckpt.PersistedObject]:
     """Write each listed transaction's records (all it has so far) to its own file.
     Files are written completely (temporary name, fsync, rename, fsync the directory) before the BR
@@ -114,8 +88,9 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
         path = directory / object_name(thread, txid, checkpoint_scn)
         atomic_write(path, lambda temporary: pq.write_table(rows, temporary, compression="zstd"))
         last = rows.slice(len(rows) - 1).to_pylist()[0]
-        persisted[(thread, txid)] = ckpt.PersistedObject(path, file_sha256(path), len(rows), last["sequence"],
-                                                         last["rba"], checkpoint_scn)
+        persisted[(thread, txid)] = ckpt.PersistedObject(path, file_sha256(path), len(rows),
+                                                         LogPosition(thread, last["sequence"], last["rba"]),
+                                                         checkpoint_scn)
     return persisted
 
 

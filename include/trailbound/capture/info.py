@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
+from trailbound.capture import recovery
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
-from trailbound.ggsci import lag, timestamp
+from trailbound.ggsci import header, lag, timestamp
 from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 
@@ -18,23 +20,19 @@ _KIND_TITLES = {
 }
 
 
-def _read_block(kind: str, c) -> list[str]:
-    get = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
+def _read_block(kind: str, c: ckpt.ReadCheckpoint) -> list[str]:
     return [f"    {_KIND_TITLES[kind]}:",
-            f"        Thread #: {get('thread')}",
-            f"        Sequence #: {get('sequence')}",
-            f"        RBA: {get('rba')}",
-            f"        Timestamp: {timestamp(get('ts'))}",
-            f"        SCN: {get('scn')}",
-            f"        Redo File: {get('segment') or 'Not Available'}"]
+            f"        Thread #: {c.position.thread}",
+            f"        Sequence #: {c.position.sequence}",
+            f"        RBA: {c.position.rba}",
+            f"        Timestamp: {timestamp(c.ts)}",
+            f"        SCN: {c.scn}",
+            f"        Redo File: {c.segment or 'Not Available'}"]
 
 
 def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.ExtractState) -> list[str]:
     """INFO EXTRACT ... --br: the last BR checkpoint, what is persisted, where the next run
     restarts and the bound Bounded Recovery guarantees."""
-    from trailbound.capture import bounded
-    from trailbound.capture.run import _table_spec, restart_point
-
     extract = config.extract(state.group)
     interval = extract.effective_brinterval
     status = ("off (broff)" if extract.br.broff else
@@ -57,15 +55,15 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     for txn in persisted:
         p = txn.persisted
         lines.append(f"        xid {txn.xid!r} thread {txn.thread} started scn {txn.start.scn} "
-                     f"({timestamp(txn.start.ts)[:19]}), {p.records} records through sequence {p.through_sequence} "
-                     f"rba {p.through_rba}, file {p.file.name}")
+                     f"({timestamp(txn.start.ts)[:19]}), {p.records} records through sequence {p.through.sequence} "
+                     f"rba {p.through.rba}, file {p.file.name}")
     if state.read_scn is None:
         lines.append("    Next run: a first run (reads from the archive's start)")
         return lines
-    plan = bounded.plan_recovery(state, extract, _table_spec(extract.table), brreset=False)
-    restart = restart_point(state, plan)
-    lines.append(f"    Next run: {plan.describe} recovery, re-reads every thread from scn {restart.from_scn}"
-                 + "".join(f"; thread {t} from {p.position} (scn {p.scn})" for t, p in sorted(restart.starts.items())))
+    # The very rules (and inputs: a pending BRRESET directive counts) the next run uses.
+    plan = recovery.plan(state, extract)
+    restart = recovery.restart_point(state, plan)
+    lines.append(f"    Next run: {plan.describe} recovery, {restart.describe()}")
     times = [p.ts for p in restart.starts.values() if p.ts]
     if plan.restored and b is not None:
         times.append(b.log_time)
@@ -74,7 +72,7 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     if state.read_time and times:
         reread = state.read_time - min(times)
         lines.append(f"    Re-read from the last read position: {reread} of log"
-                     + (f" (Bounded Recovery guarantees at most {2 * interval})" if plan.mode == bounded.BOUNDED
+                     + (f" (Bounded Recovery guarantees at most {2 * interval})" if plan.mode == recovery.BOUNDED
                         or not persisted else ""))
     return lines
 
@@ -87,9 +85,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
         runs = ckpt.history(cur, name, showch) if showch else []
     if state is None:
         raise TrailboundError(f"extract {name} is not added (it is added by its first run or `trailbound add extract`)")
-    status = "RUNNING" if is_running(store, "extract", name) else "STOPPED"
-    started = f"{state.last_started:%Y-%m-%d %H:%M}" if state.last_started else "never"
-    lines = [f"EXTRACT    {name:<9} Last Started {started}   Status {status}"]
+    lines = [header("extract", name, state.last_started, is_running(store, "extract", name))]
     current = state.read["current"]
     if current and state.last_run_end:
         newest = max((c.ts for c in current.values() if c.ts), default=None)
@@ -99,11 +95,12 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
                          f"(updated {lag(ago)} ago)")
     for thread, c in sorted(current.items()):
         lines.append(f"Log Read Checkpoint  File {c.segment}")
-        lines.append(f"                     {timestamp(c.ts)[:19]}  Thread {thread}, Seqno {c.sequence}, RBA {c.rba}")
+        lines.append(f"                     {timestamp(c.ts)[:19]}  Thread {thread}, Seqno {c.position.sequence}, "
+                     f"RBA {c.position.rba}")
     if not current:
         lines.append(f"Log Read Checkpoint  not yet read; begins at {state.begin_spec} (scn {state.begin_scn})")
     w = state.write
-    lines.append(f"Write Checkpoint     Trail {state.exttrail}, Seqno {w.seqno}, RBA {w.rba}, "
+    lines.append(f"Write Checkpoint     Trail {state.exttrail}, Seqno {w.position.seqno}, RBA {w.position.rba}, "
                  f"last CSN {w.last_csn or 'none'}")
     waiting = [t for t in state.open if t.skip_reason is None]
     lines.append(f"Open Transactions    {len(waiting)}" + (f" (+{len(state.open) - len(waiting)} skipped)"
@@ -121,7 +118,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
             if thread in state.read[kind]:
                 lines += _read_block(kind, state.read[kind][thread])
     lines += ["", "Write Checkpoint #1", "", "    Trail", "    Current Checkpoint (current write position):",
-              f"        Sequence #: {w.seqno}", f"        RBA: {w.rba}", f"        Timestamp: {timestamp(w.written_at)}",
+              f"        Sequence #: {w.position.seqno}", f"        RBA: {w.position.rba}", f"        Timestamp: {timestamp(w.written_at)}",
               f"        Last CSN: {w.last_csn or 'none'}", f"        Extract Trail: {state.exttrail}",
               "", "    Status:", f"        Begin = {state.begin_spec} (scn {state.begin_scn})",
               f"        Read below SCN = {state.read_scn if state.read_scn is not None else 'Not Available'}",

@@ -28,6 +28,7 @@ from trailbound.archive import reader
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
+from trailbound.capture import recovery
 from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.config import Config
@@ -35,7 +36,8 @@ from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, TrailboundError
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn
+from trailbound.positions import Csn, LogPosition, Scn, TrailPosition
+from trailbound.tables import table_spec
 from trailbound.trail import format as trails
 
 CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "after_br_persist",
@@ -64,7 +66,7 @@ class Stopwatch:
 @dataclass
 class RunResult:
     group: str
-    horizon_scn: int | None
+    horizon_scn: Scn | None
     records_read: int = 0
     transactions_written: int = 0
     records_written: int = 0
@@ -73,13 +75,14 @@ class RunResult:
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     recovery: str = ""
+    restart: str = ""
     br_checkpoint: bool = False
 
     def describe(self) -> str:
         if self.note:
             return f"Extract {self.group}: {self.note}"
         files = ", ".join(f.path.name for f in self.files) or "no trail file"
-        return (f"Extract {self.group}: {self.recovery} recovery, read {self.records_read} records below scn "
+        return (f"Extract {self.group}: {self.recovery} recovery, {self.restart}: read {self.records_read} records below scn "
                 f"{self.horizon_scn}, wrote {self.transactions_written} transactions ({self.records_written} records) "
                 f"to {files}; {self.open_transactions} transaction(s) open"
                 + ("; BR checkpoint taken" if self.br_checkpoint else ""))
@@ -90,8 +93,9 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
 
 
-def _table_spec(tables: list[str]) -> str:
-    return ",".join(tables)
+def _read_checkpoint(thread: int, at, segment: str | None = None) -> ckpt.ReadCheckpoint:
+    """A read checkpoint from a Spark struct of the record there (sequence, rba, scn, ts)."""
+    return ckpt.ReadCheckpoint(LogPosition(thread, at["sequence"], at["rba"]), Scn(at["scn"]), _utc(at["ts"]), segment)
 
 
 def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | None = None) -> ckpt.ExtractState:
@@ -114,63 +118,31 @@ def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | 
     begin_scn = resolve_begin(spec, catalog.segments())
     with store.transaction() as cur:
         ckpt.add_group(cur, group=name, source=source, exttrail=exttrail, begin_scn=begin_scn,
-                       begin_spec=spec, table_spec=_table_spec(extract.table))
+                       begin_spec=spec, table_spec=table_spec(extract.table))
         return ckpt.load(cur, name)
 
 
-@dataclass(frozen=True)
-class RestartPoint:
-    """Where a run starts reading: every thread from `from_scn` (None: from the start of
-    the archive), and the threads in `starts` from those positions when earlier."""
-
-    from_scn: int | None
-    starts: dict[int, ckpt.ReadCheckpoint]
-
-    def condition(self):
-        if self.from_scn is None:
-            return F.lit(True)
-        condition = F.col("scn") >= F.lit(self.from_scn)
-        for thread, start in self.starts.items():
-            condition = condition | ((F.col("thread") == thread) & (
-                (F.col("sequence") > start.sequence) |
-                ((F.col("sequence") == start.sequence) & (F.col("rba") >= start.rba))))
-        return condition
-
-    def floor(self, thread: int) -> int | None:
-        """The lowest SCN needed from a thread (segments wholly below it are not read)."""
-        if self.from_scn is None:
-            return None
-        start = self.starts.get(thread)
-        return self.from_scn if start is None else min(start.scn, self.from_scn)
+def _restart_condition(restart: recovery.RestartPoint):
+    """The records a run reads: at or above the restart SCN, and on the threads with an
+    earlier start, from that position on."""
+    if restart.from_scn is None:
+        return F.lit(True)
+    condition = F.col("scn") >= F.lit(restart.from_scn.value)
+    for thread, start in restart.starts.items():
+        at = start.position
+        condition = condition | ((F.col("thread") == thread) & (
+            (F.col("sequence") > at.sequence) | ((F.col("sequence") == at.sequence) & (F.col("rba") >= at.rba))))
+    return condition
 
 
-def restart_point(state: ckpt.ExtractState, plan: bounded.RecoveryPlan) -> RestartPoint:
-    """Normal recovery: each thread from its oldest open transaction, else where the last
-    run stopped. Bounded recovery: restored transactions need no re-read from their
-    start, only from the BR checkpoint that persisted them."""
-    if state.read_scn is None:
-        return RestartPoint(None, {})
-    restored = {(t.thread, t.xid) for t in plan.restored}
-    starts: dict[int, ckpt.ReadCheckpoint] = {}
-    for txn in state.open:
-        if txn.skip_reason is None and (txn.thread, txn.xid) not in restored:
-            current = starts.get(txn.thread)
-            if current is None or txn.start.position < current.position:
-                starts[txn.thread] = txn.start
-    from_scn = state.read_scn
-    if plan.restored:
-        from_scn = min(from_scn, state.br_checkpoint.scn)
-    return RestartPoint(from_scn, starts)
-
-
-def _segments_to_read(entries, state: ckpt.ExtractState, restart: RestartPoint, horizon_scn: int):
+def _segments_to_read(entries, state: ckpt.ExtractState, restart: recovery.RestartPoint, horizon_scn: Scn):
     chosen = []
     for entry in entries:
         s = entry.segment
         floor = restart.floor(s.thread)
-        if s.first_scn >= horizon_scn or (floor is not None and s.next_scn <= floor) or s.records == 0:
+        if s.first_scn >= horizon_scn.value or (floor is not None and s.next_scn <= floor.value) or s.records == 0:
             continue
-        if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn:
+        if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn.value:
             continue  # a first run needs nothing purged below its begin point
         if entry.state != AVAILABLE or not s.path.exists():
             needed = floor if floor is not None else s.first_scn
@@ -207,24 +179,23 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         state = ensure_group(store, config, name)
         state.last_started = started_at
         horizon = catalog.horizon(until)
-        if horizon is None or (state.read_scn is not None and horizon.scn.value <= state.read_scn):
-            return RunResult(name, horizon.scn.value if horizon else None,
+        if horizon is None or (state.read_scn is not None and horizon.scn <= state.read_scn):
+            return RunResult(name, horizon.scn if horizon else None,
                              note="nothing new below the horizon" + (f" archived by {until:%Y-%m-%d %H:%M:%S}" if until else ""))
-        horizon_scn = horizon.scn.value
-        table_spec = _table_spec(extract.table)
-        brreset = brreset or any(d.kind == "brreset" for d in state.directives)
-        plan = bounded.plan_recovery(state, extract, table_spec, brreset)
-        restart = restart_point(state, plan)
+        horizon_scn = horizon.scn
+        brreset = brreset or recovery.brreset_pending(state)
+        plan = recovery.plan(state, extract, brreset=brreset)
+        restart = recovery.restart_point(state, plan)
         segments = _segments_to_read(catalog.entries(), state, restart, horizon_scn)
-        log_bsn = state.recovery_scn() if state.read_scn is not None else state.begin_scn
+        log_bsn = recovery.normal_restart_scn(state)
         from_log = (reader.read_records(spark, segments)
-                    .where((F.col("scn") < F.lit(horizon_scn)) & restart.condition()))
+                    .where((F.col("scn") < F.lit(horizon_scn.value)) & _restart_condition(restart)))
         records = from_log.withColumn("restored", F.lit(False))
-        restored = bounded.restore(spark, plan)
+        restored = bounded.restore(spark, plan.restored)
         if restored is not None:
             # Records a persisted object already holds are dropped from the re-read.
             held = spark.createDataFrame(
-                [(t.thread, t.xid, t.persisted.through_sequence, t.persisted.through_rba) for t in plan.restored],
+                [(t.thread, t.xid, t.persisted.through.sequence, t.persisted.through.rba) for t in plan.restored],
                 "thread int, held_txid string, through_sequence long, through_rba long")
             records = (records.withColumn("held_txid", F.coalesce("parent_xid", "xid"))
                        .join(F.broadcast(held), ["thread", "held_txid"], "left")
@@ -236,15 +207,15 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         records = records.cache()
         try:
             return _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until,
-                                        started_at, log_bsn, watch, plan, table_spec, brreset)
+                                        started_at, log_bsn, watch, plan, restart, brreset)
         finally:
             records.unpersist()
 
 
 def _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until, started_at,
-                         log_bsn, watch: Stopwatch, plan: bounded.RecoveryPlan, table_spec: str,
+                         log_bsn, watch: Stopwatch, plan: recovery.RecoveryPlan, restart: recovery.RestartPoint,
                          brreset: bool) -> RunResult:
-    horizon_scn = horizon.scn.value
+    horizon_scn = horizon.scn
     read_time = horizon.time
     skip_targets = _directive_targets(state, "skiptrans")
     force_targets = _directive_targets(state, "forcetrans")
@@ -263,14 +234,15 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         raise ArchiveError(path, bad["message"], rba=bad["rba"])
 
     prefix = state.exttrail
-    _remove_uncommitted_files(store, prefix, state.write.seqno)
+    _remove_uncommitted_files(store, prefix, state.write.position.seqno)
     staging = prefix.parent / f".staging-{state.group}"
     shutil.rmtree(staging, ignore_errors=True)
     assembly.trail.write.mode("overwrite").parquet(str(staging))
     watch.lap("order committed records (Spark)")
     crashpoint("before_trail_write")
-    writer = trails.TrailWriter(prefix, state.write.seqno + 1, max_bytes=int(extract.megabytes * 1024 * 1024),
-                                group=state.group, log_bsn=log_bsn)
+    writer = trails.TrailWriter(prefix, state.write.position.seqno + 1,
+                                max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group,
+                                log_bsn=log_bsn.value)
     for part in sorted(staging.glob("part-*.parquet")):
         for batch in pq.ParquetFile(part).iter_batches(batch_size=65536, columns=[c for c in trails.COLUMNS if c != "rba"]):
             batch = batch.add_column(0, "rba", pa.array([0] * len(batch), pa.int64()))
@@ -289,7 +261,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         F.max(F.struct("sequence", "rba", "scn", "ts", "file")).alias("last"),
         F.min(F.struct("sequence", "rba", "scn", "ts", "file")).alias("first"),
         F.count(F.lit(1)).alias("n"),
-        F.sum(F.when(F.col("scn") < F.lit(state.read_scn if state.read_scn is not None else -1), 1)
+        F.sum(F.when(F.col("scn") < F.lit(state.read_scn.value if state.read_scn is not None else -1), 1)
               .otherwise(0)).alias("reread"),
         F.min("ts").alias("from_time")).collect()
 
@@ -306,10 +278,9 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         key = (row["thread"], row["txid"])
         reason = row["skip_reason"]
         if row["forced"]:
-            forced_csn[key] = f"{horizon_scn}@0:0:{row['end']['rba']}"
+            forced_csn[key] = Csn.forced(horizon_scn, row["end"]["rba"])
             reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
-        start = ckpt.ReadCheckpoint(row["thread"], row["start"]["sequence"], row["start"]["rba"],
-                                    row["start"]["scn"], _utc(row["start"]["ts"]))
+        start = _read_checkpoint(row["thread"], row["start"])
         if key in previous and previous[key].start.position < start.position:
             start = previous[key].start  # a skipped transaction re-read only in part keeps its start
         state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
@@ -317,16 +288,13 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
 
     for row in per_thread:
         last, first = row["last"], row["first"]
-        current = ckpt.ReadCheckpoint(row["thread"], last["sequence"], last["rba"], last["scn"], _utc(last["ts"]),
-                                      last["file"])
+        current = _read_checkpoint(row["thread"], last, last["file"])
         state.read["current"][row["thread"]] = current
-        state.read["startup"].setdefault(row["thread"], ckpt.ReadCheckpoint(
-            row["thread"], first["sequence"], first["rba"], first["scn"], _utc(first["ts"]), first["file"]))
+        state.read["startup"].setdefault(row["thread"], _read_checkpoint(row["thread"], first, first["file"]))
     for thread, current in state.read["current"].items():
         starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None and t.persisted is None]
         oldest = min(starts, key=lambda s: s.position) if starts else current
-        state.read["recovery"][thread] = ckpt.ReadCheckpoint(thread, oldest.sequence, oldest.rba, oldest.scn,
-                                                             oldest.ts, oldest.segment or current.segment)
+        state.read["recovery"][thread] = dataclasses.replace(oldest, segment=oldest.segment or current.segment)
 
     warnings = []
     if plan.reason:
@@ -342,10 +310,10 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     crashpoint("after_br_persist")
 
     if files:
-        state.write = ckpt.WriteCheckpoint(files[-1].seqno, files[-1].records, files[-1].last_csn)
+        state.write = ckpt.WriteCheckpoint(TrailPosition(files[-1].seqno, files[-1].records), files[-1].last_csn)
     read_from = state.read_scn
     state.read_scn, state.read_time = horizon_scn, read_time
-    state.table_spec = table_spec
+    state.table_spec = table_spec(extract.table)
     records_read = sum(row["n"] for row in per_thread)
     records_written = sum(f.records for f in files)
     done = [(d.directive_id, "applied: brreset, normal recovery this run") for d in state.directives
@@ -359,7 +327,9 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         checkpoint_id = None
         if br_checkpoint is not None:
             checkpoint_id = ckpt.insert_br_checkpoint(cur, state.group, **br_checkpoint)
-        ckpt.commit_run(cur, state, files, {
+            state.br_checkpoint = ckpt.BrCheckpoint(checkpoint_id, **br_checkpoint)
+        required = recovery.required_scn(state, recovery.committed_plan(state))
+        ckpt.commit_run(cur, state, files, required, {
             "started_at": started_at, "until": until, "read_from_scn": read_from, "horizon_scn": horizon_scn,
             "records_read": records_read, "transactions": fates.get(WRITE, 0), "records_written": records_written,
             "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
@@ -373,7 +343,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     txns.unpersist()
     shutil.rmtree(staging, ignore_errors=True)
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
-                     len(state.open), timings=watch.phases, recovery=plan.describe,
+                     len(state.open), timings=watch.phases, recovery=plan.describe, restart=restart.describe(),
                      br_checkpoint=br_checkpoint is not None)
 
 
@@ -412,11 +382,12 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon
         if txn.skip_reason is None and txn.persisted is None:
             known = oldest.get(txn.thread)
             if known is None or txn.start.scn < known["scn"]:
-                oldest[txn.thread] = {"xid": txn.xid, "sequence": txn.start.sequence, "rba": txn.start.rba,
+                oldest[txn.thread] = {"xid": txn.xid, "sequence": txn.start.position.sequence,
+                                      "rba": txn.start.position.rba,
                                       "scn": txn.start.scn, "ts": txn.start.ts}
     persisted = [t.persisted for t in state.open if t.persisted]
     return {"scn": horizon_scn, "log_time": read_time, "interval_seconds": int(interval.total_seconds()),
-            "table_spec": _table_spec(extract.table), "oldest_nonpersisted": oldest, "persisted": len(persisted),
+            "table_spec": table_spec(extract.table), "oldest_nonpersisted": oldest, "persisted": len(persisted),
             "persisted_bytes": sum(p.file.stat().st_size for p in persisted)}
 
 

@@ -15,6 +15,7 @@ from trailbound.errors import TrailboundError, changed_since_added
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore, load_group_row
 from trailbound.positions import Csn, TrailPosition
+from trailbound.tables import table_spec
 from trailbound.trail import catalog
 from trailbound.trail.format import TrailFileInfo
 
@@ -68,11 +69,6 @@ def load(cur, group: str) -> PumpState | None:
                      TrailPosition(row["write_seqno"], row["write_rba"]),
                      Csn.parse(row["last_csn"]) if row["last_csn"] else None, row["created_at"], row["last_started"],
                      row["last_run_end"], row["updated_at"])
-
-
-def table_spec(patterns: list[str] | None) -> str | None:
-    """The TABLE filter as the group row keeps it (None: PASSTHRU)."""
-    return None if patterns is None else ",".join(patterns)
 
 
 def ensure_pump(store: MetadataStore, config: Config, group: str, *, extseqno: int | None = None) -> PumpState:

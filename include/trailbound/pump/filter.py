@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trailbound.tablepattern import python_regex
+from trailbound.tables import python_regex
 from trailbound.trail import format as trails
 
 

@@ -42,6 +42,7 @@ from trailbound.positions import Csn, TrailPosition
 from trailbound.pump import checkpoints as pck
 from trailbound.pump.checkpoints import PumpState, Shipped, ensure_pump, pump_lock
 from trailbound.pump.filter import filter_records
+from trailbound.tables import table_spec
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 from trailbound.trail import fs as trailfs
@@ -210,7 +211,7 @@ class _Run:
         with self.store.transaction() as cur:
             self.run_id = pck.commit_file(cur, state, read=read, write=write, last_csn=last_csn, remote=remote,
                                           shipped=shipped, run=run, run_id=self.run_id, patterns=self.patterns)
-        self.state = PumpState(state.group, state.exttrail, state.rmttrail, pck.table_spec(self.patterns), read, write,
+        self.state = PumpState(state.group, state.exttrail, state.rmttrail, table_spec(self.patterns), read, write,
                                last_csn, state.created_at, self.started_at)
         crashpoint("after_file_commit")
 

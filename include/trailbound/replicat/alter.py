@@ -58,7 +58,8 @@ def reposition(store: MetadataStore, config: Config, group: str, words: list[str
                 raise TrailboundError(f"{exc}; {usage}") from None
             with store.transaction() as cur:
                 position = catalog.position_after(cur, state.exttrail, bound)
-            log_csn, what = bound, f"{lowered[0]} {words[1]}: transactions at or below CSN {bound} count as applied"
+            log_csn, keep_log_csn = bound, False
+            what = f"{lowered[0]} {words[1]}: transactions at or below CSN {bound} count as applied"
         elif lowered[:1] == ["extseqno"] and len(words) in (2, 4) and (len(words) == 2 or lowered[2] == "extrba"):
             try:
                 position = TrailPosition(int(words[1]), int(words[3]) if len(words) == 4 else 0)
@@ -66,7 +67,9 @@ def reposition(store: MetadataStore, config: Config, group: str, words: list[str
                 raise TrailboundError(usage) from None
             if position.seqno < 0 or position.rba < 0:
                 raise TrailboundError(usage)
-            log_csn, what = False, f"extseqno {position.seqno} extrba {position.rba}"
+            # extseqno moves the position only: transactions already applied stay skipped.
+            log_csn, keep_log_csn = None, True
+            what = f"extseqno {position.seqno} extrba {position.rba}"
         else:
             raise TrailboundError(usage)
         table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
@@ -75,7 +78,8 @@ def reposition(store: MetadataStore, config: Config, group: str, words: list[str
             hold_target(connection, name)
             with connection.cursor() as cur:
                 ckt.create(cur, table_name)
-                ckt.set_position(cur, table_name, name, position, log_csn=log_csn, current_dir=str(config.home))
+                ckt.set_position(cur, table_name, name, position, log_csn=log_csn, keep_log_csn=keep_log_csn,
+                                 current_dir=str(config.home))
                 row = ckt.read(cur, table_name, name)
             connection.commit()
         finally:

@@ -181,20 +181,19 @@ def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition
 
 
 def set_position(cur, name: CheckpointTableName, group: str, position: TrailPosition, *,
-                 log_csn: Csn | None | bool = False, current_dir: str, initial_csn: Csn | None = None) -> None:
-    """Move only the position (and, when given, log_csn): ALTER REPLICAT, or a run that
-    read past transactions it had already applied. Keeps the rest of the row; a row
-    created here gets `initial_csn` when log_csn is not given."""
-    csn = log_csn if log_csn is not False else initial_csn
+                 log_csn: Csn | None, current_dir: str, keep_log_csn: bool = False) -> None:
+    """Move the position and set log_csn: ALTER REPLICAT. With `keep_log_csn` (a run
+    that read past transactions it had already applied) an existing row keeps its
+    log_csn and only a row created here gets `log_csn`. Keeps the rest of the row."""
     params = {"group": group, "key": GROUP_KEY, "seqno": position.seqno, "rba": position.rba, "dir": current_dir,
-              "csn": str(csn) if csn else None, "version": VERSION}
-    set_csn = sql.SQL(", log_csn = EXCLUDED.log_csn, log_cmplt_csn = EXCLUDED.log_cmplt_csn,"
-                      " log_cmplt_xids = NULL") if log_csn is not False else sql.SQL("")
+              "csn": str(log_csn) if log_csn else None, "version": VERSION}
+    set_csn = sql.SQL("") if keep_log_csn else sql.SQL(
+        ", log_csn = EXCLUDED.log_csn, log_cmplt_csn = EXCLUDED.log_cmplt_csn, log_cmplt_xids = NULL")
     cur.execute(sql.SQL(
         "INSERT INTO {table} (group_name, group_key, seqno, rba, current_dir, log_csn, log_cmplt_csn, version)"
         " VALUES (%(group)s, %(key)s, %(seqno)s, %(rba)s, %(dir)s, %(csn)s, %(csn)s, %(version)s)"
         " ON CONFLICT (group_name, group_key) DO UPDATE SET seqno = EXCLUDED.seqno, rba = EXCLUDED.rba,"
         " last_update_ts = now(){set_csn}").format(table=name.table, set_csn=set_csn), params)
-    if log_csn is not False:
+    if not keep_log_csn:
         cur.execute(sql.SQL("DELETE FROM {} WHERE group_name = %s AND group_key = %s").format(name.lox),
                     (group, GROUP_KEY))

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import CSN_COLUMNS, Csn, TrailPosition, csn_at_or_below
 from trailbound.trail import format as trails
 
 if TYPE_CHECKING:
@@ -68,14 +68,6 @@ class Chunk:
         return next(f.path for f in self.files if f.seqno == seqno)
 
 
-def _csn_le(columns: list[np.ndarray], bound: Csn) -> np.ndarray:
-    """Vectorised (scn, thread, sequence, rba) <= bound, lexicographically."""
-    result = np.ones(len(columns[0]), dtype=bool)
-    for column, limit in reversed(list(zip(columns, (bound.scn, bound.thread, bound.sequence, bound.rba)))):
-        result = (column < limit) | ((column == limit) & result)
-    return result
-
-
 def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, log_csn: Csn | None,
                grouptransops: int) -> Chunk:
     """Everything about a chunk that needs no Spark: transactions, what is skipped,
@@ -100,8 +92,8 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
         raise TrailError(next(f.path for f in files if f.seqno == seqno),
                                 "a transaction does not end before its trail file does",
                                 rba=int(records.column("rba")[at].as_py()))
-    csn_columns = [records.column(c).to_numpy()[starts] for c in ("csn", "csn_thread", "csn_sequence", "csn_rba")]
-    skip = _csn_le(csn_columns, log_csn) if log_csn is not None else np.zeros(len(starts), dtype=bool)
+    csn_columns = [records.column(c).to_numpy()[starts] for c in CSN_COLUMNS]
+    skip = csn_at_or_below(csn_columns, log_csn) if log_csn is not None else np.zeros(len(starts), dtype=bool)
     ops = (stops - starts).tolist()
     truncating = np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
     has_truncate = (np.add.reduceat(truncating.astype(np.int64), starts) > 0).tolist() if n else []

@@ -255,7 +255,7 @@ class _Run:
             # position in both checkpoints, keeping log_csn.
             with self.connection.cursor() as cur:
                 ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir,
-                                 initial_csn=self.checkpoint.log_csn)
+                                 log_csn=self.checkpoint.log_csn, keep_log_csn=True)
             self.connection.commit()
             self._save(ckpt.Checkpoint(chunk.end, self.checkpoint.log_csn, self.checkpoint.log_bsn,
                                        self.checkpoint.audit_ts), now=True)
@@ -290,7 +290,7 @@ class _Run:
             self.flush()
             first = chunk.transaction(group.txns[0])[0]
             raise TrailboundError(f"target error applying the group from {chunk.path_of(first['seqno'])} rba "
-                                  f"{first['rba']} (CSN {trails.csn_of(first)} to {group.log_csn}): "
+                                  f"{first['rba']} (CSN {Csn.from_row(first)} to {group.log_csn}): "
                                   f"{(exc.pgerror or str(exc)).strip()}") from None
         except BaseException:
             self._rollback_quietly()
@@ -323,7 +323,7 @@ class _Run:
                         self.replayer.apply(cur, record, stats)
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
-                    csn = trails.csn_of(records[0])
+                    csn = Csn.from_row(records[0])
                     self._write_checkpoint_row(cur, end, log_csn=csn, log_xid=records[0]["xid"],
                                                cmplt_xids=[records[0]["xid"]], audit_ts=records[0]["commit_ts"],
                                                log_bsn=last["log_bsn"])
@@ -335,7 +335,7 @@ class _Run:
                     raise
                 self.flush()  # what did commit is recorded before the run stops
                 message = (exc.pgerror or str(exc)).strip() if isinstance(exc, psycopg2.Error) else str(exc)
-                raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], trails.csn_of(record), record["xid"],
+                raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
                                  record["op"], record["table"], record_key(self.plans.get(record["table"]), record),
                                  message) from None
             except BaseException:

@@ -11,15 +11,3 @@ modules; they import only `trailbound.errors`, `positions`, `config` and `metada
 never capture, pump or replicat. `fs.py` needs no pyarrow (the configuration uses it).
 """
 
-
-def __getattr__(name: str):
-    # Transitional: `from trailbound.trail import BEGIN` and `trail.read_file` (capture/assemble.py,
-    # quality.py) still name the format module's contents here; new code imports trail.format.
-    import importlib
-
-    if name.startswith("__") or name in ("format", "fs", "catalog", "purge"):
-        raise AttributeError(f"module 'trailbound.trail' has no attribute {name!r}")
-    try:
-        return getattr(importlib.import_module("trailbound.trail.format"), name)
-    except AttributeError:
-        raise AttributeError(f"module 'trailbound.trail' has no attribute {name!r}") from None

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from trailbound.durable import atomic_write, file_sha256
 from trailbound.errors import TrailboundError, TrailError
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import Csn, TRAIL_ORDER, TrailPosition
 
 FORMAT_VERSION = 1
 _METADATA_KEY = b"trailbound.trail"
@@ -52,16 +52,10 @@ SCHEMA = pa.schema([
     ("log_bsn", pa.int64()),        # recovery SCN of the capture run that wrote it
 ])
 COLUMNS = SCHEMA.names
-# Commit order: CSN, then the record's position within its transaction.
-_ORDER_KEY = ("csn", "csn_thread", "csn_sequence", "csn_rba", "src_sequence", "src_rba")
 
 
 def trail_path(prefix: Path, seqno: int) -> Path:
     return prefix.with_name(f"{prefix.name}{seqno:09d}")
-
-
-def csn_of(row: dict) -> Csn:
-    return Csn(row["csn"], row["csn_thread"], row["csn_sequence"], row["csn_rba"])
 
 
 @dataclass(frozen=True)
@@ -104,7 +98,8 @@ def _content_digest(table: pa.Table) -> str:
 def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: int) -> TrailFileInfo:
     """Write one complete trail file (atomically: temporary name, fsync, rename, fsync the directory)."""
     table = table.cast(SCHEMA).replace_schema_metadata(None)
-    first, last = csn_of(table.slice(0, 1).to_pylist()[0]), csn_of(table.slice(len(table) - 1).to_pylist()[0])
+    first = Csn.from_row(table.slice(0, 1).to_pylist()[0])
+    last = Csn.from_row(table.slice(len(table) - 1).to_pylist()[0])
     meta = {"format_version": FORMAT_VERSION, "group": group, "trail": prefix.name, "seqno": seqno,
             "records": len(table), "first_csn": str(first), "last_csn": str(last), "log_bsn": log_bsn,
             "content_sha256": _content_digest(table)}
@@ -134,7 +129,7 @@ class TrailWriter:
         # contract rests on it. Vectorised: a lexicographic "each key >= the previous".
         if not len(batch):
             return
-        keys = [batch.column(name).to_numpy(zero_copy_only=False) for name in _ORDER_KEY]
+        keys = [batch.column(name).to_numpy(zero_copy_only=False) for name in TRAIL_ORDER]
         if self._last_key is not None:
             keys = [np.concatenate([[previous], column]) for previous, column in zip(self._last_key, keys)]
         ok = np.zeros(len(keys[0]) - 1, dtype=bool)

@@ -1,9 +1,12 @@
-"""TABLE patterns (`shop.*`, `hr.emp?`), as capture and pump match them.
+"""TABLE patterns (`shop.*`, `hr.emp?`), as capture and pump match them and store them.
 
 `*` is any run of characters, `?` one character, everything else literal (names with
 dots, quotes or brackets are safe) and case-sensitive; a pattern matches a whole name.
 One translation, in the two regex dialects the engine needs: Python's `re` (pump filters
 records on the driver) and Java's (capture filters in Spark with `rlike`).
+`table_spec` is the selection as one comparable text: a capture's BR checkpoint and a
+pump's state record the selection they were made with, and a changed selection is
+noticed by comparing these texts.
 Imports nothing from trailbound; anything may import it.
 """
 
@@ -35,3 +38,8 @@ def java_regex(patterns: list[str]) -> str:
     def one(pattern: str) -> str:
         return "".join(_wildcard(p) or quoted(p) for p in _pieces(pattern))
     return "^(?:" + "|".join(one(p) for p in patterns) + ")$"
+
+
+def table_spec(patterns: list[str] | None) -> str | None:
+    """The TABLE patterns as one comparable text (None: no selection, everything)."""
+    return None if patterns is None else ",".join(patterns)
