@@ -30,6 +30,7 @@ from trailbound.archive.contract import (
     data_name,
     manifest_name,
 )
+from trailbound.crash import crashpoint
 
 PARQUET_SCHEMA = pa.schema([
     ("rba", pa.int64()),
@@ -208,6 +209,7 @@ def write_segment_columns(
     else:
         data = _jsonl_bytes(columns, rba)
     write_atomically(archive / data_name(thread, sequence, fmt), data)
+    crashpoint("after_segment_before_manifest")  # a writer killed here leaves an invisible data file
 
     manifest = {
         "thread": thread,
