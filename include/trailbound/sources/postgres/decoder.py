@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from trailbound.sources.postgres.lsn import Lsn
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_INT16, _INT32 = struct.Struct("!h"), struct.Struct("!i")
 
 
 class DecodeError(ValueError):
@@ -222,19 +223,32 @@ class _Buffer:
         return value
 
     def tuple(self) -> tuple[Value, ...]:
-        values: list[Value] = []
-        for _ in range(self.int16()):
-            kind = self.byte()
-            if kind == "n":
-                values.append(None)
-            elif kind == "u":
-                values.append(UNCHANGED)
-            elif kind == "t":
-                values.append(self.raw(self.int32()).decode("utf-8"))
-            elif kind == "b":
-                values.append(self.raw(self.int32()))
-            else:
-                raise DecodeError(f"unknown tuple value kind {kind!r} at byte {self.at - 1}")
+        # The hot path of a pull (one call per row): the buffer is walked inline.
+        data, at, size = self.data, self.at, len(self.data)
+        try:
+            (count,) = _INT16.unpack_from(data, at)
+            at += 2
+            values: list[Value] = []
+            for _ in range(count):
+                kind = data[at]
+                at += 1
+                if kind == 0x74 or kind == 0x62:  # 't' text, 'b' binary
+                    (length,) = _INT32.unpack_from(data, at)
+                    at += 4
+                    if length < 0 or at + length > size:
+                        raise DecodeError(f"value of {length} bytes runs past the message end at byte {at}")
+                    raw = data[at:at + length]
+                    values.append(str(raw, "utf-8") if kind == 0x74 else bytes(raw))
+                    at += length
+                elif kind == 0x6E:  # 'n' null
+                    values.append(None)
+                elif kind == 0x75:  # 'u' unchanged TOASTed value
+                    values.append(UNCHANGED)
+                else:
+                    raise DecodeError(f"unknown tuple value kind {chr(kind)!r} at byte {at - 1}")
+        except (struct.error, IndexError):
+            raise DecodeError(f"message ends early at byte {at}") from None
+        self.at = at
         return tuple(values)
 
     def end(self) -> None:

@@ -123,6 +123,7 @@ class Miner:
         elif isinstance(message, (d.Insert, d.Update, d.Delete, d.Truncate)):
             self._change(message, received)
         # Type, Origin and logical Message carry nothing the archive holds.
+        self._cut_if_full()
 
     def _relation(self, message: d.Relation, lsn: Lsn) -> None:
         name = f"{message.namespace}.{message.name}"
@@ -174,8 +175,8 @@ class Miner:
         if txn.ended is not None:
             self.result.resent += 1
             return
+        txn.ended = lsn  # before the record: a segment cut at it saves the state
         self._emit(lsn, ts, top, None, op, None, None, None)
-        txn.ended = lsn
         if op == "COMMIT":
             self.result.commits += 1
         else:
@@ -186,8 +187,8 @@ class Miner:
         if txn is None or txn.ended is not None or subxid in txn.aborted_subxids:
             self.result.resent += txn is not None
             return
-        self._emit(received.lsn.value, received.sent, subxid, top, "ROLLBACK", None, None, None)
         txn.aborted_subxids.append(subxid)
+        self._emit(received.lsn.value, received.sent, subxid, top, "ROLLBACK", None, None, None)
         self.result.rollbacks += 1
 
     # ---------------------------------------------------------------- records and segments
@@ -199,10 +200,13 @@ class Miner:
         self.buffer.append({"scn": scn, "ts": ts, "xid": str(xid), "parent_xid": None if parent is None else str(parent),
                             "op": op, "table": table, "before": before, "after": after})
         self.buffer_bytes += 64 + len(before or "") + len(after or "")
-        first = self.buffer[0]["ts"]
-        if (len(self.buffer) >= self.limits.records or self.buffer_bytes >= self.limits.bytes
-                or (ts - first).total_seconds() >= self.limits.seconds):
-            self.cut(scn + 1)
+
+    def _cut_if_full(self) -> None:
+        # Only between messages: the state saved with a segment must describe whole
+        # messages (a TRUNCATE of several tables is several records).
+        if self.buffer and (len(self.buffer) >= self.limits.records or self.buffer_bytes >= self.limits.bytes
+                            or (self.buffer[-1]["ts"] - self.buffer[0]["ts"]).total_seconds() >= self.limits.seconds):
+            self.cut(self.floor + 1)
 
     def cut(self, next_scn: int, at_least_time: datetime | None = None) -> None:
         """Write the buffered records as the next segment (possibly empty) ending at next_scn."""

@@ -178,9 +178,8 @@ class SlotReader:
                 boundary = False
             elif isinstance(message, (decoder.Commit, decoder.StreamStop)):
                 boundary = True
-            sent = raw.send_time
-            yield Received(Lsn(raw.data_start), sent.astimezone(UTC) if sent.tzinfo else sent.replace(tzinfo=UTC),
-                           message)
+            # psycopg2 gives send_time as a naive local time: astimezone reads it as local
+            yield Received(Lsn(raw.data_start), raw.send_time.astimezone(UTC), message)
             self._mark_boundary(boundary)
             if boundary and self.safe is not None and self.safe >= until:
                 return
