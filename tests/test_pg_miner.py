@@ -170,3 +170,23 @@ def test_the_postgres_block_is_validated(tmp_path):
     path.write_text("sources:\n  SIM:\n    altarchivelogdest: a\n")
     with pytest.raises(ConfigError, match="source SIM has no postgres: block"):
         configuration.load(path).postgres("SIM")
+
+
+def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_back(archive):
+    # Pull 1 streams transaction 9 with subtransaction 10 and dies before 10's abort.
+    stream = [(2000, d.StreamStart(9, True)), (0, d.Relation(9, 100, "shop", "Orders", "d", COLUMNS)),
+              (2010, d.Insert(9, 100, ("1", "a", None, None))), (2020, d.Insert(10, 100, ("2", "b", None, None))),
+              (2030, d.Insert(10, 100, ("3", "c", None, None))), (2030, d.StreamStop())]
+    miner = _miner(archive)
+    _feed(miner, stream)
+    miner.finish(Lsn(2030), T0)
+    # Pull 2: the server re-reads 9 from its start, discards 10 at its abort without having
+    # streamed it this time (no Stream Abort), and sends 9 whole at its commit.
+    miner = _miner(archive)
+    _feed(miner, [(2010, d.Begin(Lsn(2150), T0, 9)), (0, ORDERS), (2010, d.Insert(None, 100, ("1", "a", None, None))),
+                  (2100, d.Insert(None, 100, ("4", "d", None, None))),
+                  (2190, d.Commit(0, Lsn(2150), Lsn(2190), T0))])
+    miner.finish(Lsn(2190), T0)
+    assert [(r["op"], r["xid"], r["parent_xid"]) for r in _records(archive)] == [
+        ("INSERT", "9", None), ("INSERT", "10", "9"), ("INSERT", "10", "9"), ("INSERT", "9", None),
+        ("ROLLBACK", "10", "9"), ("COMMIT", "9", None)]

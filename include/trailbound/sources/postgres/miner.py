@@ -16,6 +16,7 @@ last segment's next_scn.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,6 +93,7 @@ class Miner:
         self.streaming = False
         self.commit_time: datetime | None = None
         self.seen: dict[int, tuple[int, int]] = {}  # top xid -> (lsn, changes seen at it in this pull)
+        self.sent_lsns: dict[int, list[int]] = {}   # top xid -> every change position sent in this pull
         self.buffer: list[dict] = []
         self.buffer_bytes = 0
         self.last_lsn = state.next_scn
@@ -145,6 +147,7 @@ class Miner:
         at, count = self.seen.get(top, (None, 0))
         count = count + 1 if at == lsn else 1
         self.seen[top] = (lsn, count)
+        self.sent_lsns.setdefault(top, []).append(lsn)
         if txn is not None and (txn.ended is not None or lsn < txn.last_lsn
                                 or (lsn == txn.last_lsn and count <= txn.at_last_lsn)):
             self.result.resent += 1
@@ -158,6 +161,9 @@ class Miner:
             txn.last_lsn, txn.at_last_lsn = lsn, 1
         xid = message.xid if self.streaming and message.xid is not None else top
         parent = top if xid != top else None
+        if parent is not None:
+            span = txn.subxids.setdefault(str(xid), [lsn, lsn])
+            span[1] = max(span[1], lsn)
         if isinstance(message, d.Truncate):
             for oid in message.relation_oids:
                 self._emit(lsn, ts, xid, parent, "TRUNCATE", self.relations[oid].name, None, None)
@@ -175,12 +181,30 @@ class Miner:
         if txn.ended is not None:
             self.result.resent += 1
             return
+        if op == "COMMIT":
+            self._roll_back_vanished_subtransactions(top, txn, lsn, ts)
         txn.ended = lsn  # before the record: a segment cut at it saves the state
         self._emit(lsn, ts, top, None, op, None, None, None)
         if op == "COMMIT":
             self.result.commits += 1
         else:
             self.result.rollbacks += 1
+
+    def _roll_back_vanished_subtransactions(self, top: int, txn: miner_state.Txn, lsn: int, ts: datetime) -> None:
+        """Every change of a transaction that survives is sent again in each pull until it
+        commits (the slot restarts at or before its start). A subtransaction whose
+        archived changes were not sent again was rolled back in a part of the WAL where
+        the server had not streamed it this time, so it sent no Stream Abort: archive the
+        ROLLBACK it would have meant, before the COMMIT."""
+        sent = sorted(self.sent_lsns.get(top, ()))
+        for subxid, (first, last) in txn.subxids.items():
+            if int(subxid) in txn.aborted_subxids:
+                continue
+            at = bisect.bisect_left(sent, first)
+            if at == len(sent) or sent[at] > last:
+                txn.aborted_subxids.append(int(subxid))
+                self._emit(lsn, ts, int(subxid), top, "ROLLBACK", None, None, None)
+                self.result.rollbacks += 1
 
     def _abort_subtransaction(self, top: int, subxid: int, received: Received) -> None:
         txn = self.state.txns.get(top)

@@ -103,15 +103,17 @@ class SlotReader:
 
         pg_current_wal_lsn() is only what has been written out, and the slot sends only
         what has been flushed; with asynchronous commit both lag behind transactions that
-        have committed. A transaction of our own, committed synchronously, flushes all
-        WAL before it (it writes one commit record, which the publication does not send)."""
+        have committed. A transaction of our own that writes WAL (a logical decoding message,
+        which this slot is not asked to send) and commits synchronously flushes all WAL
+        before it. (A transaction that writes nothing but its commit is not flushed.)"""
         with self.sql.cursor() as cur:
             cur.execute("SET synchronous_commit = on")
             cur.execute("BEGIN")
-            cur.execute("SELECT pg_current_xact_id()")
+            cur.execute("SELECT pg_logical_emit_message(true, 'trailbound.pull', '')")
             cur.execute("COMMIT")
-            cur.execute("SELECT pg_current_wal_flush_lsn()::text")
-            return Lsn.parse(cur.fetchone()[0])
+            cur.execute("SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_insert_lsn()::text")
+            flushed, inserted = cur.fetchone()
+            return min(Lsn.parse(flushed), Lsn.parse(inserted))
 
     def slot_state(self) -> dict | None:
         rows = self.query("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active_pid"

@@ -5,7 +5,8 @@ A slot restarts from its confirmed position, which may lie before what the archi
 open transaction's start, whose streamed changes it sends again. So the miner remembers,
 per top-level transaction it has archived records of, the position of the last change it
 archived (an LSN and how many changes at that LSN: COPY logs many rows in one WAL record),
-the subtransactions it archived a ROLLBACK for, and whether it archived the end.
+the subtransactions it archived changes of (their first and last LSN) and a ROLLBACK for,
+and whether it archived the end.
 
 The state is written beside the segments, one file per segment, `.pgminer/state_<S>.json`,
 BEFORE segment S's manifest: it describes exactly segments 1..S. On start the miner loads
@@ -42,6 +43,7 @@ class Txn:
     ended: int | None = None   # LSN of its archived COMMIT or ROLLBACK
     first_time: str | None = None
     aborted_subxids: list[int] = field(default_factory=list)
+    subxids: dict[str, list[int]] = field(default_factory=dict)  # archived subtransaction -> [first, last] LSN
 
 
 @dataclass
