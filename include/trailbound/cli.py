@@ -20,6 +20,8 @@
     trailbound info replicat REP1 [--showch] checkpoint table row and file checkpoint
     trailbound target create [--source S]    create target tables from defs.json
     trailbound simulate                      write the simulated source's archive
+    trailbound add|delete|info source SRC    a live PostgreSQL source: publication, slot, defs.json
+    trailbound archive pull SRC              archive a PostgreSQL source's WAL through its slot
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
 metadata store's DSN from the variable the file names. Errors a user can act on are
@@ -156,6 +158,36 @@ def archive_mark_backed_up(ctx: Context) -> int:
     source = ctx.source_name()
     marked = ArchiveCatalog(ctx.store, source).mark_backed_up(ctx.args.thread, ctx.args.through_sequence)
     print(f"Source {source}: {marked} available segment(s) marked backed up once more")
+    return 0
+
+
+# ---------------------------------------------------------------- a live PostgreSQL source
+
+def archive_pull(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import pull
+
+    print(pull(ctx.config, ctx.args.source).describe())
+    return 0
+
+
+def add_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import add_source as add
+
+    print(add(ctx.config, ctx.args.source, refresh_defs=ctx.args.refresh_defs))
+    return 0
+
+
+def delete_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import delete_source as delete
+
+    print(delete(ctx.config, ctx.args.source))
+    return 0
+
+
+def info_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import describe_source
+
+    print(describe_source(ctx.config, ctx.args.source))
     return 0
 
 
@@ -487,6 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--summary", action="store_true", help="one line per thread, no segment lines")
             sub.add_argument("--until", type=_utc_time, help="horizon over segments archived by this time")
 
+    command = verb(archive, "pull", archive_pull, "archive a PostgreSQL source's WAL: read its slot up to the "
+                                                   "server's position now, write segments, then confirm the slot")
+    command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+
     extract = verbs.add_parser("extract", help="capture runs").add_subparsers(dest="action", required=True,
                                                                               metavar="ACTION")
     run = verb(extract, "run", extract_run, "run one capture batch for an extract group")
@@ -526,6 +562,18 @@ def build_parser() -> argparse.ArgumentParser:
     command = verb(start, "extract", start_extract, "record start options for the next run (--brreset)")
     command.add_argument("group")
     command.add_argument("--brreset", action="store_true", help="the next run uses normal recovery once")
+
+    for word, handler, text in (("add", add_source, "a PostgreSQL source: create its publication and slot "
+                                                    "(pgoutput), write defs.json"),
+                                ("delete", delete_source, "drop a PostgreSQL source's slot and publication"),
+                                ("info", info_source, "a PostgreSQL source's slot lag, confirmed LSN, last "
+                                                      "segment, open streamed transactions")):
+        command = verb(kinds[word], "source", handler, text)
+        command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+        if word == "add":
+            command.add_argument("--refresh-defs", action="store_true",
+                                 help="keep the slot; rewrite defs.json and the publication's tables from the "
+                                      "catalog (after an ALTER TABLE, see docs/live-postgres.md)")
 
     pump = verbs.add_parser("pump", help="pump runs (trail shipping)").add_subparsers(dest="action", required=True,
                                                                                      metavar="ACTION")

@@ -68,12 +68,63 @@ class DatabaseConfig(_Section):
     conn_id: str
 
 
+class SegmentLimits(_Section):
+    """When the PostgreSQL miner closes a segment: whichever limit comes first."""
+
+    records: int = Field(default=100_000, ge=1)
+    bytes: int = Field(default=64 << 20, ge=1)  # about this much row data; 64M, 1G ... accepted
+    seconds: float = Field(default=900, gt=0)    # of log time (the records' ts)
+
+    @field_validator("bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
+
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+class PostgresSourceConfig(_Section):
+    """A live PostgreSQL source whose WAL `trailbound archive pull` archives through a
+    logical replication slot (docs/live-postgres.md)."""
+
+    dsn_env: str                       # environment variable holding the source's DSN
+    conn_id: str                       # Airflow connection the DAGs use instead
+    slot: str                          # the logical replication slot (pgoutput) the pulls read
+    publication: str                   # the publication holding the tables
+    table: list[str] = Field(min_length=1)  # schema.table, * and ? as wildcards: what the publication holds
+    segment: SegmentLimits = SegmentLimits()
+
+    @field_validator("slot")
+    @classmethod
+    def _slot_name(cls, value: str) -> str:
+        if not _SLOT_NAME.match(value):
+            raise ValueError("a slot name is 1 to 63 lower-case letters, digits or _ (PostgreSQL's rule)")
+        return value
+
+    @field_validator("publication")
+    @classmethod
+    def _publication_name(cls, value: str) -> str:
+        if not 1 <= len(value) <= 63:
+            raise ValueError("a publication name is 1 to 63 characters")
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _tables_are_qualified(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if "." not in pattern:
+                raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
+        return value
+
+
 class SourceConfig(_Section):
     """A source database, seen through its redo archive (the contract in
     docs/redo-archive.md)."""
 
     altarchivelogdest: Path  # TRANLOGOPTIONS ALTARCHIVELOGDEST: the archive directory
     truth: Path | None = None  # the simulator's expected final state, for the replica check (demo, tests)
+    postgres: PostgresSourceConfig | None = None  # a live PostgreSQL source: its miner writes the archive
 
 
 _BR_MIN, _BR_MAX = timedelta(minutes=20), timedelta(hours=96)
@@ -355,6 +406,14 @@ class Config(_Section):
 
     def extract(self, name: str) -> ExtractConfig:
         return self.extracts[self.extract_name(name)]
+
+    def postgres(self, name: str | None = None) -> PostgresSourceConfig:
+        """A source's postgres: block; a ConfigError when it has none."""
+        source = self.source_name(name)
+        block = self.sources[source].postgres
+        if block is None:
+            raise ConfigError(f"source {source} has no postgres: block: its archive is written by another tool")
+        return block
 
     def archive_dir(self, source: str | None = None) -> Path:
         return self.path(self.source(source).altarchivelogdest)

@@ -30,6 +30,7 @@ from trailbound.archive.contract import (
     data_name,
     manifest_name,
 )
+from trailbound.crash import crashpoint
 from trailbound.durable import atomic_write
 
 PARQUET_SCHEMA = pa.schema([
@@ -192,6 +193,7 @@ def write_segment_columns(
     else:
         data = _jsonl_bytes(columns, rba)
     atomic_write(archive / data_name(thread, sequence, fmt), data)
+    crashpoint("after_segment_before_manifest")  # a writer killed here leaves an invisible data file
 
     manifest = {
         "thread": thread,

@@ -54,6 +54,9 @@ def _port_is_free(port: int) -> bool:
 @dataclass(frozen=True)
 class LocalServer:
     directory: Path
+    # More server options, e.g. "-c wal_level=logical" for a source that a log miner reads
+    # through logical decoding (tests/pg_source_kit.py); used when the server starts.
+    options: str = ""
 
     @property
     def data(self) -> Path:
@@ -105,7 +108,7 @@ class LocalServer:
                     postgres = pwd.getpwnam("postgres")
                     os.chown(self.port_file, postgres.pw_uid, postgres.pw_gid)
             result = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log_file),
-                               "-o", f"-p {self.port} {_SERVER_OPTIONS}", check=False)
+                               "-o", f"-p {self.port} {_SERVER_OPTIONS} {self.options}".rstrip(), check=False)
             if result.returncode != 0:
                 raise RuntimeError(f"PostgreSQL did not start; see {self.log_file}\n{result.stderr}")
         self._wait_ready()

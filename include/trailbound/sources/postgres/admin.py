@@ -1,0 +1,243 @@
+"""Setting a PostgreSQL source up and looking at it: `add source` (publication, slot,
+defs.json, the slot's consistent point), `delete source` (drops the slot, which would
+otherwise hold the source's WAL forever) and `info source`.
+
+`add source` checks everything before it creates anything: a refusal writes nothing,
+on the server or in the archive.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC
+
+import psycopg2
+from psycopg2 import sql
+
+from trailbound.archive import segments as archive_segments
+from trailbound.archive.contract import DEFS_FILE
+from trailbound.archive.writer import write_defs
+from trailbound.config import Config
+from trailbound.errors import TrailboundError
+from trailbound.metadata import dsn_from_env
+from trailbound.sources.postgres import state as miner_state
+from trailbound.sources.postgres.lsn import Lsn
+from trailbound.sources.postgres.reader import session_options
+
+_TABLES = """
+SELECT c.oid, n.nspname, c.relname, c.relreplident,
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) AS has_primary_key
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
+ ORDER BY n.nspname, c.relname
+"""
+_COLUMNS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+  FROM pg_attribute a
+ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ ORDER BY a.attnum
+"""
+_PRIMARY_KEY = """
+SELECT a.attname
+  FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, position)
+  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+ WHERE i.indrelid = %s AND i.indisprimary
+ ORDER BY k.position
+"""
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    oid: int
+    schema: str
+    name: str
+    replica_identity: str
+    has_primary_key: bool
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def connect(config: Config, source: str):
+    pg = config.postgres(source)
+    connection = psycopg2.connect(dsn_from_env(pg.dsn_env), options=session_options())
+    connection.autocommit = True
+    return connection
+
+
+def _query(connection, text, args=()) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(text, args)
+        return cur.fetchall()
+
+
+def _matches(pattern: str, name: str) -> bool:
+    # * and ? as wildcards, everything else literal (a [ in a name is not a character class)
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, name, re.DOTALL) is not None
+
+
+def published_tables(connection, patterns: list[str]) -> list[SourceTable]:
+    """The source's tables that the `table:` patterns name, checked: each needs a primary
+    key or REPLICA IDENTITY FULL (an index identity will do too), else its updates and
+    deletes could not be told apart."""
+    tables = [SourceTable(*row) for row in _query(connection, _TABLES)]
+    chosen = [t for t in tables if any(_matches(p, t.qualified) for p in patterns)]
+    if not chosen:
+        raise TrailboundError(f"no table of the source matches table: {', '.join(patterns)}")
+    for table in chosen:
+        if table.replica_identity == "n" or (table.replica_identity == "d" and not table.has_primary_key):
+            raise TrailboundError(
+                f"table {table.qualified} has neither a primary key nor REPLICA IDENTITY FULL: its updates and deletes "
+                f"could not name their row. Add a primary key, or `ALTER TABLE {table.qualified} REPLICA IDENTITY "
+                "FULL`, or leave it out of table:")
+    return chosen
+
+
+def table_definitions(connection, tables: list[SourceTable]) -> list[dict]:
+    """defs.json's tables: PostgreSQL type names, NOT NULL, the primary key (none: the
+    row is its key, as REPLICA IDENTITY FULL says)."""
+    defs = []
+    for table in tables:
+        columns = [{"name": name, "type": kind, "nullable": not not_null}
+                   for name, kind, not_null in _query(connection, _COLUMNS, (table.oid,))]
+        key = [name for (name,) in _query(connection, _PRIMARY_KEY, (table.oid,))]
+        defs.append({"name": table.qualified, "columns": columns, "key": key})
+    return defs
+
+
+def check_wal_level(connection, source: str) -> None:
+    (level,), = _query(connection, "SHOW wal_level")
+    if level != "logical":
+        raise TrailboundError(f"source {source}: the server runs with wal_level = {level}; logical decoding needs "
+                              "wal_level = logical (set it in postgresql.conf and restart the server)")
+
+
+def _publication_sql(verb: str, publication: str, tables: list[SourceTable]) -> sql.Composed:
+    names = sql.SQL(", ").join(sql.Identifier(t.schema, t.name) for t in tables)
+    return sql.SQL(verb + " PUBLICATION {} " + ("FOR" if verb == "CREATE" else "SET") + " TABLE {}").format(
+        sql.Identifier(publication), names)
+
+
+def add_source(config: Config, name: str, *, refresh_defs: bool = False) -> str:
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    archive = config.archive_dir(source)
+    connection = connect(config, source)
+    try:
+        check_wal_level(connection, source)
+        tables = published_tables(connection, pg.table)
+        defs = table_definitions(connection, tables)
+        slot_exists = bool(_query(connection, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (pg.slot,)))
+        publication_exists = bool(_query(connection, "SELECT 1 FROM pg_publication WHERE pubname = %s",
+                                         (pg.publication,)))
+        if refresh_defs:
+            if not slot_exists or not publication_exists:
+                raise TrailboundError(f"source {source}: slot {pg.slot} or publication {pg.publication} is missing; "
+                                      f"`trailbound add source {source}` (without --refresh-defs) creates them")
+            _query_none(connection, _publication_sql("ALTER", pg.publication, tables))
+            write_defs(archive, defs)
+            return (f"SOURCE {source}: defs.json rewritten from the catalog ({len(defs)} table(s)); publication "
+                    f"{pg.publication} holds them")
+        if slot_exists:
+            raise TrailboundError(f"source {source}: replication slot {pg.slot} already exists on the server "
+                                  f"(`trailbound delete source {source}` drops it)")
+        if publication_exists:
+            raise TrailboundError(f"source {source}: publication {pg.publication} already exists on the server; "
+                                  "drop it or name another")
+        if (archive / DEFS_FILE).exists() or miner_state.state_dir(archive).exists() or (
+                archive.is_dir() and archive_segments.discover(archive)):
+            raise TrailboundError(f"source {source}: {archive} already holds an archive; a new slot starts a new "
+                                  "archive in an empty directory")
+        _query_none(connection, _publication_sql("CREATE", pg.publication, tables))
+        try:
+            (lsn, now), = _query(connection, "SELECT lsn::text, now() FROM pg_create_logical_replication_slot(%s, "
+                                             "'pgoutput')", (pg.slot,))
+        except psycopg2.Error:
+            _query_none(connection, sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pg.publication)))
+            raise
+        consistent = Lsn.parse(lsn)
+        write_defs(archive, defs)
+        miner_state.save(archive, miner_state.MinerState(0, consistent.value, now.astimezone(UTC), pg.slot))
+        return (f"SOURCE {source} added: publication {pg.publication} ({len(tables)} table(s)), slot {pg.slot} "
+                f"(pgoutput) consistent at {consistent} (scn {consistent.value}); defs.json written to {archive}")
+    finally:
+        connection.close()
+
+
+def _query_none(connection, statement) -> None:
+    with connection.cursor() as cur:
+        cur.execute(statement)
+
+
+def delete_source(config: Config, name: str) -> str:
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    connection = connect(config, source)
+    try:
+        rows = _query(connection, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (pg.slot,))
+        if rows and rows[0][0] is not None:
+            raise TrailboundError(f"source {source}: slot {pg.slot} is in use by server process {rows[0][0]} "
+                                  "(a pull is running); try again when it ends")
+        if rows:
+            _query(connection, "SELECT pg_drop_replication_slot(%s)", (pg.slot,))
+        _query_none(connection, sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(pg.publication)))
+    finally:
+        connection.close()
+    said = f"slot {pg.slot} dropped" if rows else f"slot {pg.slot} did not exist"
+    return (f"SOURCE {source}: {said}, publication {pg.publication} dropped; the archive is left in place "
+            f"(a new `add source` starts a new archive in an empty directory)")
+
+
+def describe_source(config: Config, name: str) -> str:
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    archive = config.archive_dir(source)
+    connection = connect(config, source)
+    try:
+        rows = _query(connection, "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid,"
+                                  " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
+                                  " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
+                                  " pg_current_wal_lsn()::text, now()"
+                                  " FROM pg_replication_slots WHERE slot_name = %s", (pg.slot,))
+    finally:
+        connection.close()
+    lines = [f"SOURCE {source}   slot {pg.slot}, publication {pg.publication}, archive {archive}"]
+    if not rows:
+        lines.append(f"  Slot: missing (`trailbound add source {source}` creates it)")
+        return "\n".join(lines)
+    confirmed, restart, pid, lag, held, current, now = rows[0]
+    lines.append(f"  Confirmed LSN:  {confirmed}   restart LSN {restart}   server WAL at {current}   "
+                 + (f"in use by process {pid}" if pid else "idle"))
+    lines.append(f"  Slot lag:       {lag} bytes not yet archived; {held} bytes of WAL held on the server")
+    state = miner_state.load(archive)
+    segments = [s for s in archive_segments.discover(archive) if s.thread == miner_state.THREAD] \
+        if archive.is_dir() else []
+    if segments:
+        last = segments[-1]
+        behind = (now - last.next_time).total_seconds()
+        lines.append(f"  Last segment:   thread 1 sequence {last.sequence}, scn {last.first_scn}..{last.next_scn} "
+                     f"({Lsn(last.first_scn)}..{Lsn(last.next_scn)}), {last.records} records, ends "
+                     f"{last.next_time:%Y-%m-%d %H:%M:%S} UTC")
+        lines.append(f"  Time lag:       the archive reaches {behind:.1f} s before the server's clock")
+    else:
+        lines.append(f"  Last segment:   none yet (the slot starts at scn {state.next_scn}, {Lsn(state.next_scn)})")
+    open_streamed = state.open_streamed()
+    lines.append(f"  Open streamed transactions: {len(open_streamed)}")
+    for xid, txn in sorted(open_streamed.items()):
+        lines.append(f"    xid {xid}: first change {txn.first_time}, last archived change at {Lsn(txn.last_lsn)}"
+                     + (f", {len(txn.aborted_subxids)} subtransaction(s) rolled back" if txn.aborted_subxids else ""))
+    return "\n".join(lines)
+
+
+def pull(config: Config, name: str, *, patience: float = 60.0):
+    from trailbound.sources.postgres.miner import Limits, pull as run_pull
+
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    limits = Limits(pg.segment.records, pg.segment.bytes, pg.segment.seconds)
+    return run_pull(source, config.archive_dir(source), dsn_from_env(pg.dsn_env), pg.slot, pg.publication, limits,
+                    patience=patience)

@@ -1,0 +1,332 @@
+"""The log miner: a slot's pgoutput messages -> redo archive records and segments, then
+the slot confirmed to what the archive durably holds (docs/live-postgres.md).
+
+Positions: a record's scn is the WAL position (LSN as an integer) of the change, raised to
+the thread's last scn when lower, because a transaction that is not streamed reaches the
+slot only at its commit, after later positions were archived; a COMMIT's scn is its
+commit LSN. Segments follow each other as the contract says (thread 1, sequence + 1,
+first_scn = previous next_scn), each written data file first, manifest last.
+
+Exactly once, whatever the slot sends again: the miner keeps, per transaction, the last
+change it archived (state.py) and skips what is at or before it; the state is written
+before each segment's manifest and names that segment, so a kill anywhere loses and
+duplicates nothing. The slot is confirmed only after the last manifest, never past the
+last segment's next_scn.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Callable
+
+from trailbound.archive.segments import TableDef, load_defs
+from trailbound.archive.writer import encode_json, write_segment
+from trailbound.crash import crashpoint
+from trailbound.errors import TrailboundError
+from trailbound.sources.postgres import decoder as d
+from trailbound.sources.postgres import state as miner_state
+from trailbound.sources.postgres.lsn import Lsn
+from trailbound.sources.postgres.reader import Received, SlotReader
+from trailbound.sources.postgres.values import converter
+
+THREAD = miner_state.THREAD
+
+
+class SchemaChanged(TrailboundError):
+    """A table's columns in the stream differ from defs.json (an ALTER TABLE): the pull stops."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a segment is closed: at this many records, about this many bytes of row
+    data, or this many seconds of log time."""
+
+    records: int = 100_000
+    bytes: int = 64 << 20
+    seconds: float = 900.0
+
+
+@dataclass
+class _Relation:
+    name: str
+    columns: tuple[str, ...]
+    convert: tuple[Callable | None, ...]
+    key: tuple[int, ...]      # positions of the replica identity's columns
+
+
+@dataclass
+class PullResult:
+    source: str
+    changes: int = 0
+    commits: int = 0
+    rollbacks: int = 0
+    resent: int = 0            # messages the slot sent again that the archive already held
+    segments: list[int] = field(default_factory=list)
+    next_scn: int = 0
+    confirmed: Lsn | None = None
+    open_streamed: int = 0
+
+    def describe(self) -> str:
+        written = (f"segments {self.segments[0]}..{self.segments[-1]}" if len(self.segments) > 1 else
+                   f"segment {self.segments[0]}" if self.segments else "no segment")
+        confirmed = f"slot confirmed to {self.confirmed}" if self.confirmed else "slot not moved"
+        return (f"Source {self.source}: pulled {self.changes} change(s), {self.commits} commit(s), "
+                f"{self.rollbacks} rollback(s) ({self.resent} re-sent message(s) skipped); {written}; "
+                f"next_scn {self.next_scn} ({Lsn(self.next_scn)}); {confirmed}; "
+                f"{self.open_streamed} streamed transaction(s) open")
+
+
+class Miner:
+    """Turns decoded messages into records, cutting segments as the limits say."""
+
+    def __init__(self, archive: Path, defs: dict[str, TableDef], limits: Limits, state: miner_state.MinerState,
+                 type_name: Callable[[int, int], str], result: PullResult):
+        self.archive, self.defs, self.limits, self.state = archive, defs, limits, state
+        self.type_name = type_name
+        self.result = result
+        self.relations: dict[int, _Relation] = {}
+        self.floor = state.next_scn     # the lowest scn the next record may have
+        self.top: int | None = None     # the transaction being sent (Begin or Stream Start)
+        self.streaming = False
+        self.commit_time: datetime | None = None
+        self.seen: dict[int, tuple[int, int]] = {}  # top xid -> (lsn, changes seen at it in this pull)
+        self.sent_lsns: dict[int, list[int]] = {}   # top xid -> every change position sent in this pull
+        self.buffer: list[dict] = []
+        self.buffer_bytes = 0
+        self.last_lsn = state.next_scn
+
+    # ---------------------------------------------------------------- messages
+
+    def handle(self, received: Received) -> None:
+        message = received.message
+        self.last_lsn = max(self.last_lsn, received.lsn.value)
+        if isinstance(message, d.Begin):
+            self.top, self.streaming, self.commit_time = message.xid, False, message.commit_time
+        elif isinstance(message, d.StreamStart):
+            self.top, self.streaming = message.xid, True
+        elif isinstance(message, d.Commit):
+            self._end(self.top, "COMMIT", message.commit_lsn.value, message.commit_time)
+            self.top = None
+        elif isinstance(message, d.StreamStop):
+            self.top = None
+        elif isinstance(message, d.StreamCommit):
+            self._end(message.xid, "COMMIT", message.commit_lsn.value, message.commit_time)
+        elif isinstance(message, d.StreamAbort):
+            if message.subxid == message.xid:
+                self._end(message.xid, "ROLLBACK", received.lsn.value, received.sent)
+            else:
+                self._abort_subtransaction(message.xid, message.subxid, received)
+        elif isinstance(message, d.Relation):
+            # A Relation message comes without a position of its own (0/0): name the last one seen.
+            self._relation(message, received.lsn if received.lsn.value else Lsn(self.last_lsn))
+        elif isinstance(message, (d.Insert, d.Update, d.Delete, d.Truncate)):
+            self._change(message, received)
+        # Type, Origin and logical Message carry nothing the archive holds.
+        self._cut_if_full()
+
+    def _relation(self, message: d.Relation, lsn: Lsn) -> None:
+        name = f"{message.namespace}.{message.name}"
+        sent = [(c.name, self.type_name(c.type_oid, c.type_modifier)) for c in message.columns]
+        table = self.defs.get(name)
+        known = [(c.name, c.type) for c in table.columns] if table else None
+        if sent != known:
+            what = "is not in defs.json" if table is None else \
+                f"has columns {_columns(sent)} in the stream, defs.json says {_columns(known)}"
+            raise SchemaChanged(f"table {name} {what} (at LSN {lsn}): the pull stopped before it and confirmed "
+                                "nothing past it; see docs/live-postgres.md, \"When a table changes\"")
+        self.relations[message.oid] = _Relation(
+            name, tuple(c.name for c in message.columns), tuple(converter(c.type_oid) for c in message.columns),
+            tuple(i for i, c in enumerate(message.columns) if c.is_key))
+
+    def _change(self, message, received: Received) -> None:
+        top, lsn = self.top, received.lsn.value
+        txn = self.state.txns.get(top)
+        at, count = self.seen.get(top, (None, 0))
+        count = count + 1 if at == lsn else 1
+        self.seen[top] = (lsn, count)
+        self.sent_lsns.setdefault(top, []).append(lsn)
+        if txn is not None and (txn.ended is not None or lsn < txn.last_lsn
+                                or (lsn == txn.last_lsn and count <= txn.at_last_lsn)):
+            self.result.resent += 1
+            return
+        ts = received.sent if self.streaming else self.commit_time
+        if txn is None:
+            txn = self.state.txns[top] = miner_state.Txn(streamed=self.streaming, first_time=ts.isoformat())
+        if lsn == txn.last_lsn:
+            txn.at_last_lsn += 1
+        else:
+            txn.last_lsn, txn.at_last_lsn = lsn, 1
+        xid = message.xid if self.streaming and message.xid is not None else top
+        parent = top if xid != top else None
+        if parent is not None:
+            span = txn.subxids.setdefault(str(xid), [lsn, lsn])
+            span[1] = max(span[1], lsn)
+        if isinstance(message, d.Truncate):
+            for oid in message.relation_oids:
+                self._emit(lsn, ts, xid, parent, "TRUNCATE", self.relations[oid].name, None, None)
+        else:
+            relation = self.relations[message.relation_oid]
+            before, after = _images(relation, message)
+            op = {d.Insert: "INSERT", d.Update: "UPDATE", d.Delete: "DELETE"}[type(message)]
+            self._emit(lsn, ts, xid, parent, op, relation.name, before, after)
+        self.result.changes += 1
+
+    def _end(self, top: int | None, op: str, lsn: int, ts: datetime) -> None:
+        txn = self.state.txns.get(top)
+        if txn is None:
+            return  # the archive holds nothing of it: nothing to end
+        if txn.ended is not None:
+            self.result.resent += 1
+            return
+        if op == "COMMIT":
+            self._roll_back_vanished_subtransactions(top, txn, lsn, ts)
+        txn.ended = lsn  # before the record: a segment cut at it saves the state
+        self._emit(lsn, ts, top, None, op, None, None, None)
+        if op == "COMMIT":
+            self.result.commits += 1
+        else:
+            self.result.rollbacks += 1
+
+    def _roll_back_vanished_subtransactions(self, top: int, txn: miner_state.Txn, lsn: int, ts: datetime) -> None:
+        """Every change of a transaction that survives is sent again in each pull until it
+        commits (the slot restarts at or before its start). A subtransaction whose
+        archived changes were not sent again was rolled back in a part of the WAL where
+        the server had not streamed it this time, so it sent no Stream Abort: archive the
+        ROLLBACK it would have meant, before the COMMIT."""
+        sent = sorted(self.sent_lsns.get(top, ()))
+        for subxid, (first, last) in txn.subxids.items():
+            if int(subxid) in txn.aborted_subxids:
+                continue
+            at = bisect.bisect_left(sent, first)
+            if at == len(sent) or sent[at] > last:
+                txn.aborted_subxids.append(int(subxid))
+                self._emit(lsn, ts, int(subxid), top, "ROLLBACK", None, None, None)
+                self.result.rollbacks += 1
+
+    def _abort_subtransaction(self, top: int, subxid: int, received: Received) -> None:
+        txn = self.state.txns.get(top)
+        if txn is None or txn.ended is not None or subxid in txn.aborted_subxids:
+            self.result.resent += txn is not None
+            return
+        txn.aborted_subxids.append(subxid)
+        self._emit(received.lsn.value, received.sent, subxid, top, "ROLLBACK", None, None, None)
+        self.result.rollbacks += 1
+
+    # ---------------------------------------------------------------- records and segments
+
+    def _emit(self, lsn: int, ts: datetime, xid: int, parent: int | None, op: str, table: str | None,
+              before: str | None, after: str | None) -> None:
+        scn = max(self.floor, lsn)
+        self.floor = scn
+        self.buffer.append({"scn": scn, "ts": ts, "xid": str(xid), "parent_xid": None if parent is None else str(parent),
+                            "op": op, "table": table, "before": before, "after": after})
+        self.buffer_bytes += 64 + len(before or "") + len(after or "")
+
+    def _cut_if_full(self) -> None:
+        # Only between messages: the state saved with a segment must describe whole
+        # messages (a TRUNCATE of several tables is several records).
+        if self.buffer and (len(self.buffer) >= self.limits.records or self.buffer_bytes >= self.limits.bytes
+                            or (self.buffer[-1]["ts"] - self.buffer[0]["ts"]).total_seconds() >= self.limits.seconds):
+            self.cut(self.floor + 1)
+
+    def cut(self, next_scn: int, at_least_time: datetime | None = None) -> None:
+        """Write the buffered records as the next segment (possibly empty) ending at next_scn."""
+        state = self.state
+        first_scn, first_time = state.next_scn, state.next_time
+        times = [r["ts"] for r in self.buffer] + ([at_least_time] if at_least_time else [])
+        next_time = max([first_time, *times])
+        state.sequence += 1
+        state.next_scn, state.next_time = next_scn, next_time
+        miner_state.save(self.archive, state)   # before the manifest: it describes this segment
+        write_segment(self.archive, thread=THREAD, sequence=state.sequence, records=self.buffer,
+                      first_scn=first_scn, next_scn=next_scn, first_time=first_time, next_time=next_time,
+                      fmt="parquet")
+        self.result.segments.append(state.sequence)
+        self.buffer, self.buffer_bytes = [], 0
+        self.floor = next_scn
+
+    def finish(self, safe: Lsn | None, now: datetime) -> None:
+        """Write what is buffered; move next_scn to the safe position even with nothing
+        to write (an idle source still moves capture's horizon)."""
+        target = max(safe.value if safe else 0, self.state.next_scn)
+        if self.buffer:
+            self.cut(max(target, self.floor + 1), now)
+        elif target > self.state.next_scn:
+            self.cut(target, now)
+
+
+def _columns(columns) -> str:
+    return "(" + ", ".join(f"{name} {kind}" for name, kind in columns) + ")"
+
+
+def _image(relation: _Relation, values: tuple, positions=None) -> str:
+    row = {}
+    for i in positions if positions is not None else range(len(values)):
+        value = values[i]
+        if value is d.UNCHANGED:
+            continue  # an unchanged TOASTed value: absent columns keep their value
+        convert = relation.convert[i]
+        row[relation.columns[i]] = value if value is None or convert is None else convert(value)
+    return encode_json(row)
+
+
+def _images(relation: _Relation, message) -> tuple[str | None, str | None]:
+    if isinstance(message, d.Insert):
+        return None, _image(relation, message.new)
+    if isinstance(message, d.Delete):
+        return _image(relation, message.old, relation.key if message.old_kind == "K" else None), None
+    # UPDATE: the old key ('K', the key changed), the old row (REPLICA IDENTITY FULL), or
+    # else the key as it is in the new row
+    if message.old_kind == "O":
+        before = _image(relation, message.old)
+    else:
+        before = _image(relation, message.old if message.old_kind == "K" else message.new, relation.key)
+    return before, _image(relation, message.new)
+
+
+def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limits: Limits,
+         *, patience: float = 60.0) -> PullResult:
+    """One pull: read the slot up to the server's WAL position at the start, archive it,
+    then confirm the slot to what the archive holds."""
+    result = PullResult(source)
+    state = miner_state.load(archive)
+    defs = load_defs(archive)
+    with SlotReader(dsn, slot, publication) as reader:
+        if state.slot != slot:
+            raise TrailboundError(f"{archive}: this archive was written from slot {state.slot!r}, the configuration "
+                                  f"names slot {slot!r}")
+        until = reader.wal_position()
+        started = datetime.now(UTC)
+        types: dict[tuple[int, int], str] = {}
+
+        def type_name(oid: int, modifier: int) -> str:
+            if (oid, modifier) not in types:
+                types[oid, modifier] = reader.query("SELECT format_type(%s, %s)", (oid, modifier))[0][0]
+            return types[oid, modifier]
+
+        reader.start()
+        if reader.confirmed_at_start is not None:
+            state.forget_ended_before(reader.confirmed_at_start.value)
+        miner = Miner(archive, defs, limits, state, type_name, result)
+        try:
+            for received in reader.messages(until, patience=patience):
+                miner.handle(received)
+        except SchemaChanged:
+            _close(miner, reader, result, started)
+            raise
+        _close(miner, reader, result, started)
+    return result
+
+
+def _close(miner: Miner, reader: SlotReader, result: PullResult, now: datetime) -> None:
+    miner.finish(reader.safe, now)
+    result.next_scn = miner.state.next_scn
+    result.open_streamed = len(miner.state.open_streamed())
+    crashpoint("after_manifest_before_confirm")
+    if reader.safe is not None:
+        position = min(reader.safe, Lsn(miner.state.next_scn))
+        if reader.confirm(position):
+            result.confirmed = position

@@ -1,0 +1,215 @@
+"""The replication connection: reads a pgoutput slot up to a WAL position, and confirms
+to the slot only what the caller says is durable.
+
+A pull asks the server for its current WAL position first and reads until the slot has
+sent everything before it (a keepalive or a message at or past it, at a transaction
+boundary), so that a pull always ends, even while the source keeps writing.
+
+Feedback is sent only by `confirm`. psycopg2 sends feedback on its own in two cases: every
+`status_interval` (made longer than any pull) and when the server asks for a reply (it asks
+only when wal_sender_timeout is set; this session sets it to 0). On such a reply psycopg2
+would move the flush position to the server's WAL end while the archive does not yet
+hold it; with both switched off the slot moves only when we say so.
+
+The session's TimeZone, DateStyle, IntervalStyle, bytea_output and extra_float_digits
+are set in the connection's startup options, so that the values pgoutput writes (the
+types' text output, produced in the walsender) have the archive's text forms whatever
+the server's or the database's defaults.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+
+from trailbound.errors import TrailboundError
+from trailbound.sources.postgres import decoder
+from trailbound.sources.postgres.lsn import Lsn
+
+SESSION_OPTIONS = {
+    "TimeZone": "UTC",
+    "DateStyle": "ISO",
+    "IntervalStyle": "postgres",
+    "bytea_output": "hex",
+    "extra_float_digits": "3",
+    "wal_sender_timeout": "0",  # no reply requests: psycopg2 would answer them with a flush position of its own
+}
+_NEVER = 10 * 365 * 86400  # seconds: psycopg2's periodic feedback, effectively off
+
+
+def session_options(extra: dict[str, str] | None = None) -> str:
+    """The libpq `options` string: -c name=value for each session setting."""
+    settings = SESSION_OPTIONS | (extra or {})
+    return " ".join(f"-c {name}={value}" for name, value in settings.items())
+
+
+@dataclass(frozen=True)
+class Received:
+    """One decoded message and where the server says it belongs."""
+
+    lsn: Lsn                # ReplicationMessage.data_start
+    sent: datetime          # when the server sent it (its clock, UTC)
+    message: decoder.DecodedMessage
+
+
+class SlotGone(TrailboundError):
+    pass
+
+
+class SlotReader:
+    """One pull's replication connection to a pgoutput slot, and a plain SQL connection
+    beside it for positions and the slot's state."""
+
+    def __init__(self, dsn: str, slot: str, publication: str, *, extra_options: dict[str, str] | None = None):
+        self.dsn, self.slot, self.publication = dsn, slot, publication
+        self.extra_options = extra_options
+        self.sql = None
+        self.replication = None
+        self.cursor = None
+        self.safe = None            # the highest position everything before which was received
+        self.confirmed_at_start = None
+
+    # ---------------------------------------------------------------- connections
+
+    def __enter__(self) -> "SlotReader":
+        self.sql = psycopg2.connect(self.dsn, options=session_options())
+        self.sql.autocommit = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for connection in (self.replication, self.sql):
+            if connection is not None:
+                connection.close()
+        self.replication = self.sql = self.cursor = None
+
+    def query(self, text: str, args=()) -> list[tuple]:
+        with self.sql.cursor() as cur:
+            cur.execute(text, args)
+            return cur.fetchall()
+
+    def wal_position(self) -> Lsn:
+        """Where a pull started now reads to: the end of every WAL record inserted so far.
+
+        pg_current_wal_lsn() is only what has been written out, and the slot sends only
+        what has been flushed; with asynchronous commit both lag behind transactions that
+        have committed. A transaction of our own that writes WAL (a logical decoding message,
+        which this slot is not asked to send) and commits synchronously flushes all WAL
+        before it. (A transaction that writes nothing but its commit is not flushed.)"""
+        with self.sql.cursor() as cur:
+            cur.execute("SET synchronous_commit = on")
+            cur.execute("BEGIN")
+            cur.execute("SELECT pg_logical_emit_message(true, 'trailbound.pull', '')")
+            cur.execute("COMMIT")
+            cur.execute("SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_insert_lsn()::text")
+            flushed, inserted = cur.fetchone()
+            return min(Lsn.parse(flushed), Lsn.parse(inserted))
+
+    def slot_state(self) -> dict | None:
+        rows = self.query("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active_pid"
+                          " FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+        if not rows:
+            return None
+        plugin, database, confirmed, restart, pid = rows[0]
+        return {"plugin": plugin, "database": database, "active_pid": pid,
+                "confirmed_flush": Lsn.parse(confirmed) if confirmed else None,
+                "restart": Lsn.parse(restart) if restart else None}
+
+    def start(self, wait_for_slot: float = 15.0) -> None:
+        """Open the replication connection and start streaming from the slot's confirmed
+        position. A slot still held by a killed pull's server process is waited for."""
+        state = self.slot_state()
+        if state is None:
+            raise SlotGone(f"replication slot {self.slot!r} does not exist on the source: "
+                           "`trailbound add source` creates it")
+        self.confirmed_at_start = state["confirmed_flush"]
+        deadline = time.monotonic() + wait_for_slot
+        while True:
+            self.replication = psycopg2.connect(
+                self.dsn, options=session_options(self.extra_options),
+                connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            self.cursor = self.replication.cursor()
+            try:
+                self.cursor.start_replication(
+                    slot_name=self.slot, decode=False, start_lsn=0, status_interval=_NEVER,
+                    options={"proto_version": "2", "publication_names": self.publication, "streaming": "on"})
+                return
+            except psycopg2.errors.ObjectInUse:
+                # "replication slot ... is active for PID n": a killed pull's walsender has
+                # not noticed its client is gone yet.
+                self.replication.close()
+                if time.monotonic() > deadline:
+                    raise TrailboundError(f"replication slot {self.slot!r} is in use by another process "
+                                          f"(is another pull running?)") from None
+                time.sleep(0.3)
+
+    # ---------------------------------------------------------------- reading
+
+    def messages(self, until: Lsn, *, patience: float = 60.0) -> Iterator[Received]:
+        """Decoded messages up to `until`: stops at the first transaction boundary where
+        the server has sent everything before `until`. `self.safe` is then the position
+        the slot may be confirmed to once everything yielded is durable. Stops early,
+        at a boundary, if nothing arrives for `patience` seconds."""
+        decoding = decoder.Decoder()
+        boundary = True
+        last_progress = time.monotonic()
+        self._mark_boundary(boundary)
+        while True:
+            raw = self.cursor.read_message()
+            if raw is None:
+                self._mark_boundary(boundary)
+                if boundary and self.safe is not None and self.safe >= until:
+                    return
+                if time.monotonic() - last_progress > patience:
+                    return
+                select.select([self.cursor], [], [], 0.2)
+                continue
+            last_progress = time.monotonic()
+            message = decoding.decode(raw.payload)
+            if isinstance(message, (decoder.Begin, decoder.StreamStart)):
+                boundary = False
+            elif isinstance(message, (decoder.Commit, decoder.StreamStop)):
+                boundary = True
+            # psycopg2 gives send_time as a naive local time: astimezone reads it as local
+            yield Received(Lsn(raw.data_start), raw.send_time.astimezone(UTC), message)
+            self._mark_boundary(boundary)
+            if boundary and self.safe is not None and self.safe >= until:
+                return
+
+    def _mark_boundary(self, boundary: bool) -> None:
+        # Between transactions, the server's WAL end (the last message's position or a
+        # keepalive's) is a position everything before which has been sent: a commit
+        # before it has been sent whole, a transaction committing after it will be sent
+        # again whole if the slot restarts there. (Mid-transaction it is not: a BEGIN's
+        # position is its first change's, below what came before.)
+        if boundary and self.cursor.wal_end:
+            position = Lsn(self.cursor.wal_end)
+            if self.safe is None or position > self.safe:
+                self.safe = position
+
+    # ---------------------------------------------------------------- feedback
+
+    def confirm(self, position: Lsn, timeout: float = 10.0) -> bool:
+        """Tell the slot everything before `position` is durable, and wait until the
+        server shows it. Never moves it backwards (PostgreSQL 15 would)."""
+        if self.confirmed_at_start is not None and position <= self.confirmed_at_start:
+            return True
+        self.cursor.send_feedback(write_lsn=position.value, flush_lsn=position.value, force=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.slot_state()
+            if state and state["confirmed_flush"] is not None and state["confirmed_flush"] >= position:
+                return True
+            self.cursor.read_message()  # keep the stream drained while the server catches up
+            time.sleep(0.05)
+        return False

@@ -1,0 +1,119 @@
+"""The miner's own state: what it needs to recognise a change the slot sends again.
+
+A slot restarts from its confirmed position, which may lie before what the archive holds
+(a pull killed after writing segments and before confirming) and always lies before an
+open transaction's start, whose streamed changes it sends again. So the miner remembers,
+per top-level transaction it has archived records of, the position of the last change it
+archived (an LSN and how many changes at that LSN: COPY logs many rows in one WAL record),
+the subtransactions it archived changes of (their first and last LSN) and a ROLLBACK for,
+and whether it archived the end.
+
+The state is written beside the segments, one file per segment, `.pgminer/state_<S>.json`,
+BEFORE segment S's manifest: it describes exactly segments 1..S. On start the miner loads
+the state of the archive's last visible segment; a state file past it (a pull killed
+between the state and the manifest) describes a segment that never became visible and is
+removed. So a kill anywhere neither loses nor duplicates a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from trailbound.archive import segments as archive_segments
+from trailbound.archive.writer import format_time
+from trailbound.durable import atomic_write
+from trailbound.errors import TrailboundError
+
+STATE_DIR = ".pgminer"
+_STATE_RE = re.compile(r"^state_(\d{9})\.json$")
+THREAD = 1  # one database server: one redo thread
+
+
+@dataclass
+class Txn:
+    """A top-level transaction the archive holds records of."""
+
+    last_lsn: int = 0          # the last archived change's LSN
+    at_last_lsn: int = 0       # how many changes at that LSN are archived
+    streamed: bool = False     # its records came before its commit
+    ended: int | None = None   # LSN of its archived COMMIT or ROLLBACK
+    first_time: str | None = None
+    aborted_subxids: list[int] = field(default_factory=list)
+    subxids: dict[str, list[int]] = field(default_factory=dict)  # archived subtransaction -> [first, last] LSN
+
+
+@dataclass
+class MinerState:
+    sequence: int              # the last segment these describe (0: none yet)
+    next_scn: int              # that segment's next_scn (or the slot's consistent point)
+    next_time: datetime
+    slot: str
+    txns: dict[int, Txn] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"sequence": self.sequence, "next_scn": self.next_scn, "next_time": format_time(self.next_time),
+                "slot": self.slot,
+                "txns": {str(xid): vars(txn) for xid, txn in sorted(self.txns.items())}}
+
+    @classmethod
+    def from_json(cls, document: dict) -> "MinerState":
+        return cls(document["sequence"], document["next_scn"], datetime.fromisoformat(document["next_time"]),
+                   document["slot"], {int(xid): Txn(**txn) for xid, txn in document["txns"].items()})
+
+    def open_streamed(self) -> dict[int, Txn]:
+        return {xid: txn for xid, txn in self.txns.items() if txn.ended is None}
+
+    def forget_ended_before(self, lsn: int) -> None:
+        """The slot never sends again a transaction that ended before its confirmed position."""
+        self.txns = {xid: txn for xid, txn in self.txns.items() if txn.ended is None or txn.ended >= lsn}
+
+
+def state_dir(archive: Path) -> Path:
+    return archive / STATE_DIR
+
+
+def state_path(archive: Path, sequence: int) -> Path:
+    return state_dir(archive) / f"state_{sequence:09d}.json"
+
+
+def save(archive: Path, state: MinerState) -> Path:
+    path = state_path(archive, state.sequence)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, (json.dumps(state.to_json(), indent=1) + "\n").encode())
+    return path
+
+
+def last_sequence(archive: Path) -> int:
+    """The archive's last visible segment of thread 1 (0: none)."""
+    sequences = [s.sequence for s in archive_segments.discover(archive) if s.thread == THREAD]
+    return max(sequences, default=0)
+
+
+def load(archive: Path) -> MinerState:
+    """The state describing the archive's last visible segment; state files past it
+    (written before a manifest that never came) are removed, older ones but the
+    previous are pruned."""
+    directory = state_dir(archive)
+    if not directory.is_dir():
+        raise TrailboundError(f"{directory}: no miner state; `trailbound add source` creates it")
+    states = sorted(int(m.group(1)) for m in map(_STATE_RE.match, os.listdir(directory)) if m)
+    visible = last_sequence(archive)
+    if visible == 0 and any(states):
+        # Every segment file is gone (purged): which state was the last visible one is unknowable.
+        raise TrailboundError(f"{archive}: no segment is left but the miner state says some were written; restore "
+                              "the archive's last segment (its manifest) before pulling")
+    if visible not in states:
+        raise TrailboundError(f"{state_path(archive, visible)}: the miner state of segment {visible}, the archive's "
+                              "last, is missing; the archive was not written by this source's pulls")
+    for sequence in states:
+        if sequence > visible or sequence < visible - 1:
+            state_path(archive, sequence).unlink(missing_ok=True)
+    try:
+        return MinerState.from_json(json.loads(state_path(archive, visible).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TrailboundError(f"{state_path(archive, visible)}: unreadable miner state ({exc})") from None

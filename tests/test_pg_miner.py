@@ -1,0 +1,192 @@
+"""The miner on its own (no server): decoded messages -> archive records and segments;
+what the slot sends again is archived once, whatever was durable when a pull died;
+values, keys, TOAST, streamed subtransactions; a changed table stops the pull."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pyarrow.parquet as pq
+import pytest
+
+from trailbound.archive.segments import discover, load_defs
+from trailbound.archive.writer import write_defs
+from trailbound.sources.postgres import decoder as d
+from trailbound.sources.postgres import state as miner_state
+from trailbound.sources.postgres.lsn import Lsn
+from trailbound.sources.postgres.miner import Limits, Miner, PullResult, SchemaChanged
+from trailbound.sources.postgres.reader import Received
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+TYPES = {(23, -1): "integer", (25, -1): "text", (701, -1): "double precision", (16, -1): "boolean"}
+COLUMNS = (d.RelationColumn(1, "id", 23, -1), d.RelationColumn(0, "body", 25, -1),
+           d.RelationColumn(0, "ratio", 701, -1), d.RelationColumn(0, "ok", 16, -1))
+ORDERS = d.Relation(None, 100, "shop", "Orders", "d", COLUMNS)
+
+
+@pytest.fixture
+def archive(tmp_path):
+    root = tmp_path / "archive"
+    write_defs(root, [{"name": "shop.Orders", "key": ["id"], "columns": [
+        {"name": "id", "type": "integer", "nullable": False}, {"name": "body", "type": "text", "nullable": True},
+        {"name": "ratio", "type": "double precision", "nullable": True},
+        {"name": "ok", "type": "boolean", "nullable": True}]}])
+    miner_state.save(root, miner_state.MinerState(0, 1000, T0, "slot"))
+    return root
+
+
+def _miner(archive, limits=Limits(records=4)) -> Miner:
+    state = miner_state.load(archive)
+    return Miner(archive, load_defs(archive), limits, state, lambda oid, mod: TYPES[oid, mod], PullResult("PG"))
+
+
+def _feed(miner: Miner, messages) -> None:
+    for lsn, message in messages:
+        miner.handle(Received(Lsn(lsn), T0 + timedelta(seconds=lsn / 1000), message))
+
+
+def _records(archive) -> list[dict]:
+    return [r for s in discover(archive) for r in pq.read_table(s.path).to_pylist()]
+
+
+def _transaction(xid: int, first: int, keys: list[int], commit: int, same_lsn: bool = False):
+    changes = [(first if same_lsn else first + 10 * i, d.Insert(None, 100, (str(k), f"n{k}", "0.1", "t")))
+               for i, k in enumerate(keys)]
+    return [(first, d.Begin(Lsn(commit), T0, xid)), (0, ORDERS), *changes,
+            (commit + 40, d.Commit(0, Lsn(commit), Lsn(commit + 40), T0 + timedelta(seconds=1)))]
+
+
+def test_records_segments_and_positions(archive):
+    miner = _miner(archive)
+    # a COPY: three rows in one WAL record, then a later transaction whose changes are
+    # below what was archived (not streamed: it arrives at its commit)
+    _feed(miner, _transaction(7, 1100, [1, 2, 3], 1200, same_lsn=True) + _transaction(8, 1050, [4], 1300))
+    miner.finish(Lsn(1400), T0 + timedelta(minutes=1))
+    records = _records(archive)
+    assert [(r["op"], r["xid"], r["scn"]) for r in records] == [
+        ("INSERT", "7", 1100), ("INSERT", "7", 1100), ("INSERT", "7", 1100), ("COMMIT", "7", 1200),
+        ("INSERT", "8", 1201), ("COMMIT", "8", 1300)]
+    assert json.loads(records[0]["after"]) == {"id": 1, "body": "n1", "ratio": 0.1, "ok": True}
+    assert records[0]["table"] == "shop.Orders" and records[3]["ts"] == T0 + timedelta(seconds=1)
+    segments = discover(archive)
+    assert [(s.sequence, s.first_scn, s.next_scn, s.records) for s in segments] == [(1, 1000, 1201, 4),
+                                                                                  (2, 1201, 1400, 2)]
+    assert segments[-1].next_time == T0 + timedelta(minutes=1)
+
+
+def test_everything_sent_again_is_archived_once_wherever_the_pull_died(archive):
+    sent = _transaction(7, 1100, [1, 2, 3], 1200, same_lsn=True) + _transaction(8, 1250, [4, 5], 1300)
+    miner = _miner(archive)
+    _feed(miner, sent[:6])            # 7 whole (a segment of 4 records is cut), 8's BEGIN and Relation
+    miner.finish(Lsn(1000), T0)       # (a pull that stopped early: 8 not committed yet)
+    # the next pull wrote a segment's state, then died before its manifest
+    ghost = miner_state.load(archive)
+    ghost.sequence += 1
+    miner_state.save(archive, ghost)
+    miner = _miner(archive)
+    assert not miner_state.state_path(archive, ghost.sequence).exists(), "a state past the manifests is dropped"
+    _feed(miner, sent)                # the slot sends it all again
+    miner.finish(Lsn(1400), T0)
+    assert [(r["op"], r["xid"]) for r in _records(archive)] == [
+        ("INSERT", "7"), ("INSERT", "7"), ("INSERT", "7"), ("COMMIT", "7"), ("INSERT", "8"), ("INSERT", "8"),
+        ("COMMIT", "8")]
+    assert miner.result.resent == 4
+    # confirmed past both: the state forgets them
+    state = miner_state.load(archive)
+    state.forget_ended_before(1400)
+    assert state.txns == {}
+
+
+def test_streamed_transaction_subtransaction_rollback_and_resend(archive):
+    stream = [(2000, d.StreamStart(9, True)), (0, d.Relation(9, 100, "shop", "Orders", "d", COLUMNS)),
+              (2010, d.Insert(9, 100, ("1", "a", "NaN", "f"))), (2020, d.Insert(10, 100, ("2", "b", None, None))),
+              (2020, d.StreamStop())]
+    miner = _miner(archive)
+    _feed(miner, stream)
+    miner.finish(Lsn(2020), T0)
+    assert miner_state.load(archive).open_streamed().keys() == {9}
+    miner = _miner(archive)
+    _feed(miner, stream + [(2100, d.StreamAbort(9, 10)), (2200, d.StreamCommit(9, 0, Lsn(2150), Lsn(2190), T0)),
+                           (2300, d.StreamAbort(11, 11))])
+    miner.finish(Lsn(2300), T0)
+    records = _records(archive)
+    assert [(r["op"], r["xid"], r["parent_xid"]) for r in records] == [
+        ("INSERT", "9", None), ("INSERT", "10", "9"), ("ROLLBACK", "10", "9"), ("COMMIT", "9", None)]
+    assert json.loads(records[0]["after"])["ratio"] == "NaN" and json.loads(records[1]["after"])["ok"] is None
+    assert records[-1]["scn"] == 2150
+
+
+def test_updates_deletes_truncate_and_unchanged_toast(archive):
+    miner = _miner(archive)
+    _feed(miner, [(1100, d.Begin(Lsn(1500), T0, 7)), (0, ORDERS),
+                  (1110, d.Update(None, 100, None, None, ("1", d.UNCHANGED, "0.5", "t"))),
+                  (1120, d.Update(None, 100, "K", ("1", None, None, None), ("2", d.UNCHANGED, "0.5", "t"))),
+                  (1130, d.Delete(None, 100, "K", ("2", None, None, None))),
+                  (1140, d.Truncate(None, 0, (100,))), (1540, d.Commit(0, Lsn(1500), Lsn(1540), T0))])
+    miner.finish(Lsn(1540), T0)
+    changes = [(r["op"], r["before"], r["after"]) for r in _records(archive)][:4]
+    assert changes == [("UPDATE", '{"id":1}', '{"id":1,"ratio":0.5,"ok":true}'),
+                       ("UPDATE", '{"id":1}', '{"id":2,"ratio":0.5,"ok":true}'),
+                       ("DELETE", '{"id":2}', None), ("TRUNCATE", None, None)]
+
+
+def test_a_changed_table_stops_the_pull_naming_table_and_position(archive):
+    miner = _miner(archive)
+    altered = d.Relation(None, 100, "shop", "Orders", "d", COLUMNS + (d.RelationColumn(0, "extra", 23, -1),))
+    with pytest.raises(SchemaChanged, match=r"table shop.Orders has columns \(id integer, .*extra integer\) in the "
+                                            r"stream, defs.json says \(id integer, .*ok boolean\) \(at LSN 0/44C\)"):
+        _feed(miner, [(1100, d.Begin(Lsn(1500), T0, 7)), (0, altered)])
+    with pytest.raises(SchemaChanged, match="table shop.Other is not in defs.json"):
+        _feed(_miner(archive), [(1100, d.Begin(Lsn(1500), T0, 7)), (0, d.Relation(None, 5, "shop", "Other", "d", ()))])
+
+
+def test_an_idle_source_still_moves_next_scn(archive):
+    miner = _miner(archive)
+    miner.finish(Lsn(1000), T0)
+    assert discover(archive) == []            # nothing moved: nothing written
+    miner.finish(Lsn(5000), T0 + timedelta(seconds=30))
+    (segment,) = discover(archive)
+    assert (segment.first_scn, segment.next_scn, segment.records) == (1000, 5000, 0)
+
+
+def test_the_postgres_block_is_validated(tmp_path):
+    from trailbound import config as configuration
+    from trailbound.errors import ConfigError
+
+    base = ("sources:\n  PG:\n    altarchivelogdest: a\n    postgres:\n      dsn_env: SRC\n      conn_id: src\n"
+            "      publication: pub\n")
+    path = tmp_path / "trailbound.yaml"
+    path.write_text(base + "      slot: s1\n      table: [public.*]\n      segment: {bytes: 1M, seconds: 60}\n")
+    block = configuration.load(path).postgres("pg")
+    assert (block.slot, block.segment.bytes, block.segment.records, block.segment.seconds) == ("s1", 1 << 20,
+                                                                                               100_000, 60)
+    for options, complaint in [("      slot: Bad-Slot\n      table: [public.*]\n", "sources.PG.postgres.slot: a slot name"),
+                               ("      slot: s1\n      table: [nodot]\n", "must be schema.table"),
+                               ("      slot: s1\n      table: [a.b]\n      segmnt: {}\n", "segmnt: unknown option")]:
+        path.write_text(base + options)
+        with pytest.raises(ConfigError, match=complaint):
+            configuration.load(path)
+    path.write_text("sources:\n  SIM:\n    altarchivelogdest: a\n")
+    with pytest.raises(ConfigError, match="source SIM has no postgres: block"):
+        configuration.load(path).postgres("SIM")
+
+
+def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_back(archive):
+    # Pull 1 streams transaction 9 with subtransaction 10 and dies before 10's abort.
+    stream = [(2000, d.StreamStart(9, True)), (0, d.Relation(9, 100, "shop", "Orders", "d", COLUMNS)),
+              (2010, d.Insert(9, 100, ("1", "a", None, None))), (2020, d.Insert(10, 100, ("2", "b", None, None))),
+              (2030, d.Insert(10, 100, ("3", "c", None, None))), (2030, d.StreamStop())]
+    miner = _miner(archive)
+    _feed(miner, stream)
+    miner.finish(Lsn(2030), T0)
+    # Pull 2: the server re-reads 9 from its start, discards 10 at its abort without having
+    # streamed it this time (no Stream Abort), and sends 9 whole at its commit.
+    miner = _miner(archive)
+    _feed(miner, [(2010, d.Begin(Lsn(2150), T0, 9)), (0, ORDERS), (2010, d.Insert(None, 100, ("1", "a", None, None))),
+                  (2100, d.Insert(None, 100, ("4", "d", None, None))),
+                  (2190, d.Commit(0, Lsn(2150), Lsn(2190), T0))])
+    miner.finish(Lsn(2190), T0)
+    assert [(r["op"], r["xid"], r["parent_xid"]) for r in _records(archive)] == [
+        ("INSERT", "9", None), ("INSERT", "10", "9"), ("INSERT", "10", "9"), ("INSERT", "9", None),
+        ("ROLLBACK", "10", "9"), ("COMMIT", "9", None)]
