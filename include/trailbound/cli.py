@@ -5,7 +5,8 @@
     trailbound extract run EXT1 [--until T]  one capture batch
     trailbound add|delete extract EXT1       manage capture groups
     trailbound alter extract EXT1 begin ...  reposition capture
-    trailbound info extract EXT1 [--showch]  status and checkpoints
+    trailbound info all                      every group: status, lag at checkpoint, time since it
+    trailbound info extract EXT1 [--showch]  status and checkpoints (EXT* or *: every matching group)
     trailbound logdump TRAILFILE [--json]    print trail records
     trailbound pump run PMP1                 ship committed trail files to the remote trail
     trailbound add|delete|info pump PMP1     manage pump groups (info: --showch)
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -293,7 +295,36 @@ def alter_extract(ctx: Context) -> int:
 def info_extract(ctx: Context) -> int:
     from trailbound.capture.info import describe_extract
 
-    print(describe_extract(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch, br=ctx.args.br))
+    return _info(ctx, "extract", lambda name: describe_extract(ctx.store, ctx.config, name, showch=ctx.args.showch,
+                                                               br=ctx.args.br))
+
+
+def _info(ctx: Context, program: str, describe: Callable[[str], str]) -> int:
+    """INFO EXTRACT|PUMP|REPLICAT GROUP, where GROUP may hold GGSCI's wildcards (* ?):
+    each group's report, STOPPED turned ABENDED (with the error) when its last run failed."""
+    from trailbound import ggsci, status
+
+    pattern = ctx.args.group
+    groups = status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,))
+    if not any(c in pattern for c in "*?"):
+        report = describe(pattern)  # its own error when the group is not configured or added
+        print(ggsci.with_run_status(report, groups[0]) if groups else report)
+        return 0
+    added = [g for g in groups if g.added]
+    if not added:
+        raise TrailboundError(f"no {program} group matching {pattern!r} is added")
+    print("\n\n".join(ggsci.with_run_status(describe(g.group), g) for g in added))
+    return 0
+
+
+def info_all(ctx: Context) -> int:
+    """INFO ALL: every extract, pump and replicat; status, lag at checkpoint, time since."""
+    from datetime import datetime as _datetime
+
+    from trailbound import ggsci, status
+
+    now = _datetime.now(timezone.utc)
+    print(ggsci.info_all(status.info_all(ctx.store, ctx.config, now=now), now))
     return 0
 
 
@@ -353,8 +384,7 @@ def delete_pump(ctx: Context) -> int:
 def info_pump(ctx: Context) -> int:
     from trailbound.pump import describe_pump
 
-    print(describe_pump(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
-    return 0
+    return _info(ctx, "pump", lambda name: describe_pump(ctx.store, ctx.config, name, showch=ctx.args.showch))
 
 
 def purge_trails(ctx: Context) -> int:
@@ -404,8 +434,7 @@ def alter_replicat(ctx: Context) -> int:
 def info_replicat(ctx: Context) -> int:
     from trailbound.replicat.info import describe_replicat
 
-    print(describe_replicat(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
-    return 0
+    return _info(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch))
 
 
 def target_create(ctx: Context) -> int:
@@ -559,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "capture needs, subject to minkeephours, backedup, maxbytes")
     command.add_argument("--dry-run", action="store_true", help="change nothing; say what would go and why")
     command.add_argument("--source", help="only this source (default: every configured one)")
+    verb(kinds["info"], "all", info_all, "every extract, pump and replicat: status (RUNNING, STOPPED, ABENDED), "
+                                         "lag at checkpoint, time since checkpoint (INFO ALL)")
     command = verb(kinds["info"], "retention", info_retention, "registrations and their required SCNs, what is "
                                                                "purgeable now and why the rest is kept")
     command.add_argument("--source", help="only this source (default: every configured one)")
@@ -605,11 +636,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RUN_VERBS = {extract_run: "extract", pump_run: "pump", replicat_run: "replicat"}
+
+
+@contextmanager
+def _outcome_recorded(ctx: Context, argv: list[str]):
+    """`extract|pump|replicat run`: the run's outcome goes to the run log (trailbound.runlog)
+    whatever it is; a group whose last run failed is ABENDED until a run succeeds."""
+    kind = RUN_VERBS.get(ctx.args.handler)
+    name = None
+    if kind is not None:
+        try:
+            name = getattr(ctx.config, f"{kind}_name")(ctx.args.group)
+        except TrailboundError:
+            pass  # not a configured group: the run itself says so, and there is no group to mark
+    if name is None:
+        yield
+        return
+    from trailbound import runlog
+
+    with runlog.recorded_run(ctx.store, kind, name, " ".join(["trailbound", *argv])):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     ctx = Context(args)
     try:
-        return args.handler(ctx)
+        with _outcome_recorded(ctx, argv):
+            return args.handler(ctx)
     except TrailboundError as exc:
         print(f"ERROR {exc}", file=sys.stderr)
         return 1
