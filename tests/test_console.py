@@ -121,3 +121,73 @@ def test_open_transactions_oldest_first_with_age_and_the_long_ones(tmp_path, spa
     assert found[0].start_position == "1:1:0" and found[0].start_scn == 10
     [point] = status.lag_history(store, "extract", "EXT1")
     assert point.lag.total_seconds() > 0
+
+
+def test_the_long_transaction_alert_reaches_a_users_notifier_with_group_xid_age_position_and_commands():
+    from airflow.sdk import BaseNotifier
+
+    from trailbound_airflow.notifiers import LongTransactionNotifier, long_transaction_message
+
+    class Recorder(BaseNotifier):
+        template_fields = ("text",)
+
+        def __init__(self):
+            super().__init__()
+            self.text, self.sent = "{{ trailbound_alert }}", []
+
+        def notify(self, context):
+            self.sent.append(self.text)
+
+    mine = Recorder()
+    long_ones = [{"xid": "X9", "thread": 2, "age_seconds": 5400.0, "start_time": "2026-11-01T00:00:10+00:00",
+                  "start_position": "2:7:41", "start_scn": 10, "records": 3}]
+    message = long_transaction_message("EXT1", long_ones, 3600)
+    LongTransactionNotifier(notifiers=[mine])({"trailbound_alert": message, "long_transactions": long_ones})
+    [sent] = mine.sent
+    for expected in ("EXTRACT EXT1", "WARNLONGTRANS 1:00:00", "xid 'X9' thread 2 open 1:30:00", "start position 2:7:41",
+                     "trailbound send extract EXT1 skiptrans X9 --thread 2", "FORCETRANS X9 THREAD 2"):
+        assert expected in sent, sent
+
+
+def test_the_view_renders_every_section_with_utc_times_and_relative_links():
+    from datetime import datetime, timedelta, timezone
+
+    from trailbound_airflow.console import Snapshot, render
+
+    now = datetime(2026, 11, 23, 1, 0, tzinfo=timezone.utc)
+    point = status.LagPoint
+    snap = Snapshot(now=now, groups=[status.GroupStatus("replicat", "REP1", "ABENDED", True, now, timedelta(seconds=5),
+                                                        timedelta(seconds=60), None, "target <gone>", now)],
+                    lags={("replicat", "REP1"): [point(now - timedelta(hours=1), timedelta(seconds=50)),
+                                                 point(now, timedelta(seconds=5))]},
+                    dags={("replicat", "REP1"): ["replicat_rep1"]})
+    page = render(snap)
+    assert "2026-11-23 01:00:00 UTC: target &lt;gone&gt;" in page, "escaped, with its zone"
+    assert "href='../dags/replicat_rep1/runs'" in page and "href='../dags/control'" in page
+    assert "<polyline" in page and "http" not in page.replace("http-equiv", ""), "no absolute URL, no CDN"
+
+
+def test_logdump_bounds_and_a_closed_pipe_end_cleanly(tmp_path, spark, store, capsys, monkeypatch):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), ins(11, "A", 2), rec(20, "A", "COMMIT")], 100)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0
+    trail_file = str(tmp_path / "dirdat" / "lt000000001")
+    capsys.readouterr()
+    assert cli.main(["logdump", trail_file, "--from", "1"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.split()[:2] == ["1:1", "ind"] and "commit 2026-11-01 00:00:20.000000 UTC" in line, line
+    assert cli.main(["logdump", trail_file, "--from", "2"]) == 1
+    assert f"{trail_file}: --from 2 is past the file's end: it holds 2 record(s), rba 0..1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["logdump", trail_file, "--from", "-3"])
+    assert usage.value.code == 2 and "-3 is negative" in capsys.readouterr().err
+
+    # `trailbound info extract EXT1 --showch 5 | head -1`: the reader leaves early.
+    reader = subprocess.Popen([sys.executable, "-m", "trailbound.cli", *tb(config_path, "info", "extract", "EXT1",
+                                                                          "--showch", "5")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    reader.stdout.close()
+    error = reader.stderr.read().decode()
+    assert reader.wait() == 141 and "Traceback" not in error and "BrokenPipe" not in error, error
