@@ -121,6 +121,13 @@ def test_open_transactions_oldest_first_with_age_and_the_long_ones(tmp_path, spa
     assert found[0].start_position == "1:1:0" and found[0].start_scn == 10
     [point] = status.lag_history(store, "extract", "EXT1")
     assert point.lag.total_seconds() > 0
+    # A pump's and a replicat's lag: the commit time of a CSN, from the archive catalog.
+    from capture_kit import at
+    from trailbound.positions import Csn
+
+    with store.transaction() as cur:
+        assert status.commit_time(cur, Csn.parse("3501@1:1:3")) == at(3501)
+        assert status.commit_time(cur, Csn.parse("3501@1:9:3")) is None, "no such segment"
 
 
 def test_the_long_transaction_alert_reaches_a_users_notifier_with_group_xid_age_position_and_commands():
