@@ -163,8 +163,6 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
     world.env.update({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
                       "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords)})
     world.env.pop("TRAILBOUND_TARGET_DSN", None)
-    # This tree's engine first, whatever the venv's editable install points at.
-    world.env["PYTHONPATH"] = f"{REPO / 'include'}{os.pathsep}{world.env['PYTHONPATH']}"
     world.airflow("dags", "reserialize")
     world.airflow("dags", "unpause", "longtrans_ext1")
     airflow = Airflow(world, tmp_path)
