@@ -42,7 +42,7 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
               PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
               AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 
-.PHONY: help install db demo demo-run demo-register test bench env clean distclean airflow dags
+.PHONY: help install db browser demo demo-run demo-register test bench env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
@@ -123,7 +123,16 @@ demo-register:
 	  $(MAKE) -s --no-print-directory demo-run DAG=control DATE=$(DATE) \
 	    CONF='{"command": "register_logretention", "group": "EXT1", "argument": ""}'
 
-test: db
+# The console's UI test drives Debian's headless Chromium and its driver: installed here
+# when missing (as root, non-interactive; elsewhere install them yourself).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  test "$$(id -u)" = 0 || { echo "chromium and chromium-driver are missing: apt-get install them as root"; exit 1; }; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }; }
+
+test: db browser
 	$(DB_ENV) $(PYTHON) -m pytest $(PYTEST_ARGS)
 
 bench: db

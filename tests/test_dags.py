@@ -38,7 +38,8 @@ def airflow_env(home: Path, dags: Path, extra: dict | None = None) -> dict:
     env.update({
         "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "PYTHONPATH": str(REPO / "plugins"),
+        # This tree's engine and plugins, whatever an editable install of the venv points at.
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
@@ -171,7 +172,7 @@ class AirflowWorld:
         self.env = airflow_env(self.home, self.dags, {
             "TRAILBOUND_CONFIG": str(config_path), "TRAILBOUND_METADATA_DSN": metadata_dsn,
             "TRAILBOUND_TARGET_DSN": target_dsn, "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(metadata_dsn),
-            "PYTHONPATH": f"{REPO / 'plugins'}{os.pathsep}{config_path.parent}"})
+            "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}{os.pathsep}{config_path.parent}"})
         self.airflow("db", "migrate")
 
     def airflow(self, *args: str, timeout: int = 300) -> str:

@@ -2,36 +2,42 @@
 (INFO EXTRACT ... SHOWCH, SEND EXTRACT ... SKIPTRANS, ALTER REPLICAT ... ATCSN, LOGDUMP).
 
     trailbound archive scan|list|verify      the redo archive and its catalog
+    trailbound archive mark-backed-up        count a backup of segments (the backedup policy)
     trailbound extract run EXT1 [--until T]  one capture batch
-    trailbound add|delete extract EXT1       manage capture groups
+    trailbound add|delete extract EXT1       add a capture group (ADD EXTRACT), or delete its checkpoints
     trailbound alter extract EXT1 begin ...  reposition capture
-    trailbound info extract EXT1 [--showch]  status and checkpoints
-    trailbound logdump TRAILFILE [--json]    print trail records
+    trailbound send extract EXT1 showtrans|skiptrans XID|forcetrans XID   directives for the next run
+    trailbound start extract EXT1 --brreset  start options for the next run
+    trailbound info all                      every group: status, lag at checkpoint, time since it
+    trailbound info extract EXT1 [--showch]  status and checkpoints (EXT* or *: every matching group)
+    trailbound logdump TRAILFILE [--json]    print trail records (--from RBA, --count N)
     trailbound pump run PMP1                 ship committed trail files to the remote trail
     trailbound add|delete|info pump PMP1     manage pump groups (info: --showch)
-    trailbound purge trails [--dry-run]      delete trail files every reader has passed
+    trailbound purge trails [--dry-run]      delete trail files every reader has passed (PURGEOLDEXTRACTS)
     trailbound register|unregister extract EXT1 logretention   keep the log EXT1 needs (or stop)
     trailbound retention run [--dry-run]     purge redo segments no registered capture needs
     trailbound info retention                required SCNs, what is purgeable, why the rest stays
-    trailbound archive mark-backed-up        count a backup of segments (the backedup policy)
     trailbound replicat run REP1             apply the trail to the target, exactly once
     trailbound add checkpointtable [S.NAME]  create the checkpoint table in the target
     trailbound alter replicat REP1 atcsn N   reposition (atcsn|aftercsn N, extseqno S extrba R)
     trailbound info replicat REP1 [--showch] checkpoint table row and file checkpoint
     trailbound target create [--source S]    create target tables from defs.json
+    trailbound dags generate [--directory D] write one Airflow DAG file per configured group
     trailbound simulate                      write the simulated source's archive
     trailbound add|delete|info source SRC    a live PostgreSQL source: publication, slot, defs.json
     trailbound archive pull SRC              archive a PostgreSQL source's WAL through its slot
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
 metadata store's DSN from the variable the file names. Errors a user can act on are
-printed as one `ERROR` paragraph naming the file, key or position, exit status 1.
+printed as one `ERROR` paragraph naming the file, key or position, exit status 1; a
+command line that does not parse prints its usage, exit status 2. Times are UTC.
 """
-
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -47,6 +53,16 @@ def _utc_time(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time") from None
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; positions and counts start at 0")
+    return value
 
 
 class Context:
@@ -325,7 +341,36 @@ def alter_extract(ctx: Context) -> int:
 def info_extract(ctx: Context) -> int:
     from trailbound.capture.info import describe_extract
 
-    print(describe_extract(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch, br=ctx.args.br))
+    return _info(ctx, "extract", lambda name: describe_extract(ctx.store, ctx.config, name, showch=ctx.args.showch,
+                                                               br=ctx.args.br))
+
+
+def _info(ctx: Context, program: str, describe: Callable[[str], str]) -> int:
+    """INFO EXTRACT|PUMP|REPLICAT GROUP, where GROUP may hold GGSCI's wildcards (* ?):
+    each group's report, STOPPED turned ABENDED (with the error) when its last run failed."""
+    from trailbound import ggsci, status
+
+    pattern = ctx.args.group
+    groups = status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,))
+    if not any(c in pattern for c in "*?"):
+        report = describe(pattern)  # its own error when the group is not configured or added
+        print(ggsci.with_run_status(report, groups[0]) if groups else report)
+        return 0
+    added = [g for g in groups if g.added]
+    if not added:
+        raise TrailboundError(f"no {program} group matching {pattern!r} is added")
+    print("\n\n".join(ggsci.with_run_status(describe(g.group), g) for g in added))
+    return 0
+
+
+def info_all(ctx: Context) -> int:
+    """INFO ALL: every extract, pump and replicat; status, lag at checkpoint, time since."""
+    from datetime import datetime as _datetime
+
+    from trailbound import ggsci, status
+
+    now = _datetime.now(timezone.utc)
+    print(ggsci.info_all(status.info_all(ctx.store, ctx.config, now=now), now))
     return 0
 
 
@@ -337,6 +382,10 @@ def logdump(ctx: Context) -> int:
 
     path = Path(ctx.args.file)
     seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
+    records = trail.read_file(path).num_rows
+    if ctx.args.from_rba >= max(records, 1):
+        raise TrailboundError(f"{path}: --from {ctx.args.from_rba} is past the file's end: it holds {records} "
+                              f"record(s), rba 0..{records - 1}" if records else f"{path}: the file holds no record")
     for record in trail.iter_records(path, ctx.args.from_rba, ctx.args.count):
         csn = Csn.from_row(record)
         fields = {"seqno": seqno, "rba": record["rba"], "trans_ind": record["trans_ind"], "csn": str(csn),
@@ -345,7 +394,9 @@ def logdump(ctx: Context) -> int:
         if ctx.args.json:
             print(_json.dumps(fields, ensure_ascii=False))
         else:
-            print(f"rba {record['rba']:>8}  ind {record['trans_ind']}  csn {csn}  xid {record['xid']!r}  "
+            position = f"{seqno}:{record['rba']}" if seqno is not None else f"rba {record['rba']}"
+            print(f"{position:>14}  ind {record['trans_ind']}  csn {csn}  commit "
+                  f"{record['commit_ts'].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC  xid {record['xid']!r}  "
                   f"{record['op']:<8} {record['table']}  before={record['before']}  after={record['after']}")
     return 0
 
@@ -386,8 +437,7 @@ def delete_pump(ctx: Context) -> int:
 def info_pump(ctx: Context) -> int:
     from trailbound.pump.info import describe_pump
 
-    print(describe_pump(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
-    return 0
+    return _info(ctx, "pump", lambda name: describe_pump(ctx.store, ctx.config, name, showch=ctx.args.showch))
 
 
 def purge_trails(ctx: Context) -> int:
@@ -437,8 +487,7 @@ def alter_replicat(ctx: Context) -> int:
 def info_replicat(ctx: Context) -> int:
     from trailbound.replicat.info import describe_replicat
 
-    print(describe_replicat(ctx.store, ctx.config, ctx.args.group, showch=ctx.args.showch))
-    return 0
+    return _info(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch))
 
 
 def target_create(ctx: Context) -> int:
@@ -535,8 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("delete", delete_extract, "delete an extract group's checkpoints"),
                                 ("alter", alter_extract, "reposition an extract: alter extract G begin now|TIME|scn N"),
                                 ("info", info_extract, "status and checkpoints (INFO EXTRACT ... SHOWCH)")):
-        sub = kinds[word] = verbs.add_parser(word, help=text).add_subparsers(dest="kind", required=True,
-                                                                             metavar="KIND")
+        overview = {"add": "add an extract or pump group, or the checkpoint table (ADD ...)",
+                    "delete": "delete an extract's or pump's checkpoints (DELETE ...)",
+                    "alter": "reposition an extract or a replicat (ALTER ...)",
+                    "info": "status and checkpoints: all, extract, pump, replicat, retention (INFO ...)"}[word]
+        sub = kinds[word] = verbs.add_parser(word, help=overview).add_subparsers(dest="kind", required=True,
+                                                                                 metavar="KIND")
         command = verb(sub, "extract", handler, text)
         command.add_argument("group")
         if word == "add":
@@ -589,7 +642,8 @@ def build_parser() -> argparse.ArgumentParser:
         if word == "info":
             command.add_argument("--showch", nargs="?", type=int, const=0, default=None, metavar="N",
                                  help="checkpoint detail; N: also the last N runs")
-    purge = verbs.add_parser("purge", help="retention").add_subparsers(dest="action", required=True, metavar="ACTION")
+    purge = verbs.add_parser("purge", help="delete trail files every reader has passed (PURGEOLDEXTRACTS)"
+                             ).add_subparsers(dest="action", required=True, metavar="ACTION")
     verb(purge, "trails", purge_trails, "delete trail files every reader has passed (PURGEOLDEXTRACTS "
                                         "USECHECKPOINTS)").add_argument("--dry-run", action="store_true",
                                                                         help="change nothing; say what would go")
@@ -608,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "capture needs, subject to minkeephours, backedup, maxbytes")
     command.add_argument("--dry-run", action="store_true", help="change nothing; say what would go and why")
     command.add_argument("--source", help="only this source (default: every configured one)")
+    verb(kinds["info"], "all", info_all, "every extract, pump and replicat: status (RUNNING, STOPPED, ABENDED), "
+                                         "lag at checkpoint, time since checkpoint (INFO ALL)")
     command = verb(kinds["info"], "retention", info_retention, "registrations and their required SCNs, what is "
                                                                "purgeable now and why the rest is kept")
     command.add_argument("--source", help="only this source (default: every configured one)")
@@ -638,8 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     dump = verb(verbs, "logdump", logdump, "print the records of a trail file")
     dump.add_argument("file")
-    dump.add_argument("--from", dest="from_rba", type=int, default=0, metavar="RBA")
-    dump.add_argument("--count", type=int)
+    dump.add_argument("--from", dest="from_rba", type=_non_negative, default=0, metavar="RBA",
+                      help="the first record to print (0: the file's first)")
+    dump.add_argument("--count", type=_non_negative, help="at most this many records")
     dump.add_argument("--json", action="store_true", help="one JSON object per line")
 
     sim = verb(verbs, "simulate", simulate, "write a simulated busy OLTP source's redo archive and its truth")
@@ -654,14 +711,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RUN_VERBS = {extract_run: "extract", pump_run: "pump", replicat_run: "replicat"}
+
+
+@contextmanager
+def _outcome_recorded(ctx: Context, argv: list[str]):
+    """`extract|pump|replicat run`: the run's outcome goes to the run log (trailbound.runlog)
+    whatever it is; a group whose last run failed is ABENDED until a run succeeds."""
+    kind = RUN_VERBS.get(ctx.args.handler)
+    name = None
+    if kind is not None:
+        try:
+            name = getattr(ctx.config, f"{kind}_name")(ctx.args.group)
+        except TrailboundError:
+            pass  # not a configured group: the run itself says so, and there is no group to mark
+    if name is None:
+        yield
+        return
+    from trailbound import runlog
+
+    with runlog.recorded_run(ctx.store, kind, name, " ".join(["trailbound", *argv])):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     ctx = Context(args)
     try:
-        return args.handler(ctx)
+        with _outcome_recorded(ctx, argv):
+            status = args.handler(ctx)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
+        return status
     except TrailboundError as exc:
         print(f"ERROR {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`trailbound info all | head`): stop quietly, as `cat` does;
+        # stdout goes to /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command the pipe ended
     finally:
         ctx.close()
 

@@ -284,8 +284,11 @@ class AirflowConfig(_Section):
     # Called when any run of a trailbound DAG fails (the long-transaction monitor's alert
     # among them): dotted paths to functions or notifier instances importable in Airflow.
     on_failure_callbacks: tuple[str, ...] = ("trailbound_airflow.alerts.log_alert",)
+    # What the long-transaction monitor alerts through besides its log line: dotted paths
+    # to your notifier instances (Slack, e-mail, ...); the message is {{ trailbound_alert }}.
+    alert_notifiers: tuple[str, ...] = ()
 
-    @field_validator("on_failure_callbacks")
+    @field_validator("on_failure_callbacks", "alert_notifiers")
     @classmethod
     def _dotted_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
         for path in paths:

@@ -74,10 +74,13 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             on_failure_callbacks=alerts)
         files[f"longtrans_{name.lower()}.py"] = _render(
             f"Long-running transaction monitor for {name} (WARNLONGTRANS {extract.warnlongtrans.duration}).",
-            "Waits until capture has read past the data interval, then fails, naming each\n"
-            "transaction open longer than the limit (xid, age, start position), which fires\n"
-            "the DAG's failure callbacks; quiet otherwise.",
-            "monitor_dag", group=name, interval=extract.interval, start_date=start, on_failure_callbacks=alerts)
+            "Waits in the triggerer (no worker slot) until capture has read past the data\n"
+            f"interval, checking every {extract.warnlongtrans.checkinterval} (CHECKINTERVAL), then alerts, naming each\n"
+            "transaction open longer than the limit (xid, age, start position, the SKIPTRANS\n"
+            "and FORCETRANS commands), and fails, which fires the DAG's failure callbacks;\n"
+            "quiet otherwise.",
+            "monitor_dag", group=name, interval=extract.interval, start_date=start, on_failure_callbacks=alerts,
+            **({"alert_notifiers": list(config.airflow.alert_notifiers)} if config.airflow.alert_notifiers else {}))
     for name, pump in config.pumps.items():
         files[f"pump_{name.lower()}.py"] = _render(
             f"Pump {name}: ship trail {pump.exttrail} to {pump.rmttrail}.",

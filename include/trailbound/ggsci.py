@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 
 def timestamp(value: datetime | str | None) -> str:
@@ -24,3 +24,45 @@ def header(kind: str, group: str, last_started: datetime | None, running: bool) 
     """INFO's first line: `EXTRACT    EXT1      Last Started 2026-11-02 00:00   Status STOPPED`."""
     started = f"{last_started:%Y-%m-%d %H:%M}" if last_started else "never"
     return f"{kind.upper():<10} {group:<9} Last Started {started}   Status {'RUNNING' if running else 'STOPPED'}"
+
+
+def utc(value: datetime | None) -> str:
+    """A wall or log time for INFO lines, to the second, saying its zone."""
+    return "Not Available" if value is None else f"{value.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def duration(value: timedelta | None) -> str:
+    """A lag or an age as GGSCI writes them (HH:MM:SS, hours past 99 as they come)."""
+    return "" if value is None else lag(value.total_seconds())
+
+
+def info_all(groups, now: datetime) -> str:
+    """INFO ALL: one line per group (trailbound.status.GroupStatus), then what each
+    ABENDED group's last run said."""
+    lines = [f"Program     Status      Group       Lag at Chkpt  Time Since Chkpt      (as of {utc(now)})", ""]
+    for g in groups:
+        note = "" if g.added else "  (not added yet)"
+        lines.append(f"{g.program.upper():<11} {g.status:<11} {g.group:<11} {duration(g.lag):<13} "
+                     f"{duration(g.since_checkpoint)}{note}".rstrip())
+    abended = [g for g in groups if g.status == "ABENDED"]
+    if abended:
+        lines.append("")
+    for g in abended:
+        lines.append(f"{g.program.upper()} {g.group} ABENDED {utc(g.error_time)}: {g.error}")
+    lines += ["", "Lag at Chkpt: the checkpoint's wall time minus the log time of the last record it covers; "
+                  "Time Since Chkpt: now minus the checkpoint's wall time."]
+    return "\n".join(lines)
+
+
+def with_run_status(report: str, group) -> str:
+    """An INFO report with what the run log knows: ABENDED (and why) in place of STOPPED,
+    and the last run's outcome."""
+    first, _, rest = report.partition("\n")
+    if group.status == "ABENDED":
+        first = first.replace("Status STOPPED", "Status ABENDED")
+    extra = []
+    if group.status == "ABENDED":
+        extra.append(f"Last Error           {utc(group.error_time)}  {group.error}")
+    elif group.last_run is not None and group.last_run.outcome == "ok":
+        extra.append(f"Last Run             ended {utc(group.last_run.ended_at)}, ok")
+    return "\n".join([first, *extra, rest] if rest else [first, *extra])

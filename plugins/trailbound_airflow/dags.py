@@ -118,13 +118,18 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
 
 
 def monitor_dag(*, dag_id: str, doc_md: str, group: str, interval: timedelta, start_date: datetime,
-                on_failure_callbacks: Sequence[str] = ()) -> DAG:
-    """Long-running transaction monitor per extract: alerts (fails, firing the DAG's
-    failure callbacks) when a transaction is open longer than WARNLONGTRANS."""
+                on_failure_callbacks: Sequence[str] = (), alert_notifiers: Sequence[str] = ()) -> DAG:
+    """Long-running transaction monitor per extract: waits in the triggerer, then alerts
+    through LongTransactionNotifier (and `alert_notifiers`, dotted paths to notifier
+    instances) and fails, firing the DAG's failure callbacks, when a transaction is open
+    longer than WARNLONGTRANS."""
+    from trailbound_airflow.notifiers import LongTransactionNotifier
+
     with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["monitor", group],
               schedule=DeltaDataIntervalTimetable(interval), max_active_runs=1) as dag:
         LongRunningTransactionSensor(task_id="long_running_transactions", group=group, poke_interval=60,
-                                     timeout=interval.total_seconds() * 4, retries=0)
+                                     timeout=interval.total_seconds() * 4, retries=0,
+                                     notifier=LongTransactionNotifier(notifiers=callbacks(alert_notifiers) or ()))
     return dag
 
 

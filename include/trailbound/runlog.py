@@ -1,0 +1,118 @@
+"""Every run's outcome, recorded whatever happens (trailbound.run_outcome).
+
+A stage's own history (extract_run, pump_run, replicat_run) holds only runs that
+committed something; a run that failed leaves nothing there. `recorded_run` wraps a
+whole run: it writes a row when the run starts and completes it when the run ends, ok or
+with the error it ended on. A group whose last run failed is ABENDED (trailbound.status)
+until a run succeeds. A run killed outright leaves its row without an end; once nothing
+holds the group any more, status reports it ABENDED too.
+
+The error text is what the user saw, with any password in it redacted: an error can
+quote a DSN.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterator
+
+from trailbound.errors import TrailboundError
+from trailbound.metadata import MetadataStore, redact
+
+KINDS = ("extract", "pump", "replicat")
+_ERROR_LIMIT = 4000  # characters kept of an error: a Spark trace can run to pages
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: int
+    kind: str
+    group: str
+    command: str
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str            # running | ok | error | refused
+    error: str | None
+
+
+def error_text(exc: BaseException) -> str:
+    """What a failed run says: the message a user saw, no password, bounded."""
+    if isinstance(exc, TrailboundError):
+        text = str(exc)
+    elif isinstance(exc, KeyboardInterrupt):
+        text = "interrupted (KeyboardInterrupt)"
+    elif isinstance(exc, SystemExit):
+        text = f"exited with status {exc.code}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = redact(re.sub(r"(?i)(password\s*[:=]\s*)\S+", r"\1***", text))
+    return text if len(text) <= _ERROR_LIMIT else text[:_ERROR_LIMIT] + " ..."
+
+
+class _Recorder:
+    def __init__(self, store: MetadataStore, run_id: int):
+        self.store, self.run_id = store, run_id
+
+    def finish(self, outcome: str, error: str | None = None) -> None:
+        with self.store.transaction() as cur:
+            cur.execute("UPDATE trailbound.run_outcome SET ended_at = clock_timestamp(), outcome = %s, error = %s"
+                        " WHERE run_id = %s", (outcome, error, self.run_id))
+
+
+@contextmanager
+def recorded_run(store: MetadataStore, kind: str, group: str, command: str) -> Iterator[int]:
+    """Record the run in the block: its start now, its outcome when the block ends (an
+    exception is recorded and re-raised). `refused` is a run turned away because another
+    process holds the group: it says nothing about the group's health."""
+    from trailbound.grouplock import GroupBusy
+
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    with store.transaction() as cur:
+        cur.execute("INSERT INTO trailbound.run_outcome (kind, group_name, command, started_at)"
+                    " VALUES (%s, %s, %s, clock_timestamp()) RETURNING run_id", (kind, group.upper(), command))
+        run_id = cur.fetchone()["run_id"]
+    recorder = _Recorder(store, run_id)
+    try:
+        yield run_id
+    except BaseException as exc:
+        _finish_quietly(recorder, "refused" if isinstance(exc, GroupBusy) else "error", error_text(exc))
+        raise
+    recorder.finish("ok")
+
+
+def _finish_quietly(recorder: _Recorder, outcome: str, error: str) -> None:
+    """Recording must not hide the run's own error: a store that went away with the run
+    leaves the row open (status then says the run ended without a word)."""
+    try:
+        if recorder.store.connection.closed:
+            raise TrailboundError("the metadata store connection is closed")
+        recorder.finish(outcome, error)
+    except Exception as exc:  # noqa: BLE001 - the run's error is the one to report
+        print(f"WARNING the outcome of run {recorder.run_id} was not recorded: {exc}", file=sys.stderr)
+
+
+def last_outcomes(store: MetadataStore) -> dict[tuple[str, str], RunOutcome]:
+    """Per (kind, GROUP): its last run that was not refused."""
+    with store.transaction() as cur:
+        cur.execute("SELECT DISTINCT ON (kind, group_name) * FROM trailbound.run_outcome"
+                    " WHERE outcome <> 'refused' ORDER BY kind, group_name, run_id DESC")
+        rows = cur.fetchall()
+    return {(r["kind"], r["group_name"]): _outcome(r) for r in rows}
+
+
+def history(store: MetadataStore, kind: str, group: str, limit: int = 50) -> list[RunOutcome]:
+    """A group's last runs, newest first."""
+    with store.transaction() as cur:
+        cur.execute("SELECT * FROM trailbound.run_outcome WHERE kind = %s AND group_name = upper(%s)"
+                    " ORDER BY run_id DESC LIMIT %s", (kind, group, limit))
+        return [_outcome(r) for r in cur.fetchall()]
+
+
+def _outcome(row: dict) -> RunOutcome:
+    return RunOutcome(row["run_id"], row["kind"], row["group_name"], row["command"], row["started_at"],
+                      row["ended_at"], row["outcome"], row["error"])

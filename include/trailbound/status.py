@@ -1,0 +1,213 @@
+"""What an operator looks at first, as data: INFO ALL (every extract, pump and replicat
+with its status, lag at checkpoint and time since checkpoint), a capture's open
+transactions oldest first, and the lag history of a group. The CLI prints these; the
+Airflow view renders them. Nothing here prints or formats for a screen.
+
+Two clocks, kept apart (and both UTC):
+- log time: when the source committed (or wrote) a record, from the redo archive;
+- wall time: when a trailbound process checkpointed.
+Lag at checkpoint = the checkpoint's wall time minus the log time of the last record it
+covers (GGSCI's "Lag at Chkpt"); time since checkpoint = now minus the checkpoint's wall
+time. Transaction ages are log time (the read position's time minus the start's), as
+WARNLONGTRANS measures them, so a backfill reports what a live run would.
+
+Status: RUNNING while a process holds the group (trailbound.grouplock); ABENDED when the
+group's last run failed, or died without recording an outcome (trailbound.runlog), until
+a run succeeds; STOPPED otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from fnmatch import fnmatchcase
+
+from trailbound import runlog
+from trailbound.config import Config
+from trailbound.grouplock import is_running
+from trailbound.metadata import MetadataStore
+from trailbound.positions import Csn
+
+PROGRAMS = ("extract", "pump", "replicat")
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """One line of INFO ALL."""
+
+    program: str                     # extract | pump | replicat
+    group: str
+    status: str                      # RUNNING | STOPPED | ABENDED
+    added: bool                      # False: configured, but no checkpoint yet
+    checkpoint_time: datetime | None  # wall time of the last checkpoint
+    lag: timedelta | None            # lag at checkpoint
+    since_checkpoint: timedelta | None
+    last_started: datetime | None = None
+    error: str | None = None         # ABENDED: what the last run said
+    error_time: datetime | None = None
+    last_run: runlog.RunOutcome | None = None
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """An open transaction of a capture, as SEND EXTRACT ... SHOWTRANS lists it."""
+
+    group: str
+    xid: str
+    thread: int
+    start_position: str     # thread:sequence:rba of its first record
+    start_scn: int
+    start_time: datetime    # log time
+    age: timedelta          # log time: the capture's read time minus start_time
+    records: int
+    bytes: int
+    br_state: str           # persisted at BR checkpoint #N | not persisted | skipped: why
+    long_running: bool      # open longer than the group's WARNLONGTRANS
+
+
+@dataclass(frozen=True)
+class LagPoint:
+    """A group's lag at the checkpoint of one committed run (its history table)."""
+
+    at: datetime            # wall time the run committed
+    lag: timedelta
+
+
+def _now(now: datetime | None) -> datetime:
+    return now or datetime.now(timezone.utc)
+
+
+def _since(now: datetime, then: datetime | None) -> timedelta | None:
+    return None if then is None else max(now - then, timedelta(0))
+
+
+def _lag(checkpoint: datetime | None, log_time: datetime | None) -> timedelta | None:
+    if checkpoint is None or log_time is None:
+        return None
+    return max(checkpoint - log_time, timedelta(0))  # two machines' clocks may disagree a little
+
+
+def commit_time(cur, csn: Csn) -> datetime | None:
+    """The log time of a commit, from the archive catalog: the CSN names the commit
+    record's segment (thread, sequence; its SCN range tells sources apart), and the time
+    is interpolated by SCN between the segment's first and next times (exact at its ends,
+    within one segment's span in between). None when the CSN is a bare SCN or its segment
+    is not cataloged."""
+    if csn.sequence == 0:
+        return None
+    cur.execute("SELECT first_scn, next_scn, first_time, next_time FROM trailbound.archive_segment"
+                " WHERE thread = %s AND sequence = %s AND %s BETWEEN first_scn AND next_scn LIMIT 1",
+                (csn.thread, csn.sequence, csn.scn))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    span = row["next_scn"] - row["first_scn"]
+    fraction = 0.0 if span <= 0 else (csn.scn - row["first_scn"]) / span
+    return row["first_time"] + (row["next_time"] - row["first_time"]) * fraction
+
+
+def _status(store: MetadataStore, program: str, group: str, last: runlog.RunOutcome | None) -> tuple[str, str | None,
+                                                                                                   datetime | None]:
+    if is_running(store, program, group):
+        return "RUNNING", None, None
+    if last is None or last.outcome == "ok":
+        return "STOPPED", None, None
+    if last.outcome == "error":
+        return "ABENDED", last.error, last.ended_at
+    # `running` with nothing holding the group: the process died without a word.
+    return "ABENDED", f"run {last.run_id} ({last.command}) ended without recording an outcome (killed?)", \
+        last.started_at
+
+
+def info_all(store: MetadataStore, config: Config, *, now: datetime | None = None,
+             pattern: str = "*", programs: tuple[str, ...] = PROGRAMS) -> list[GroupStatus]:
+    """Every configured or added group of the given programs whose name matches `pattern`
+    (GGSCI wildcards: * and ?), extracts first, then pumps, then replicats."""
+    now = _now(now)
+    outcomes = runlog.last_outcomes(store)
+    rows: dict[str, dict[str, dict]] = {}
+    with store.transaction() as cur:
+        cur.execute("SELECT g.group_name, g.last_started, g.last_run_end,"
+                    " (SELECT max(ts) FROM trailbound.extract_read_checkpoint c"
+                    "   WHERE c.group_name = g.group_name AND c.kind = 'current') AS read_ts"
+                    " FROM trailbound.extract_group g")
+        rows["extract"] = {r["group_name"].upper(): r for r in cur.fetchall()}
+        cur.execute("SELECT g.group_name, g.last_started, g.last_run_end, c.last_csn, c.updated_at"
+                    " FROM trailbound.pump_group g JOIN trailbound.pump_checkpoint c USING (group_name)")
+        pumps = cur.fetchall()
+        for r in pumps:
+            r["log_time"] = commit_time(cur, Csn.parse(r["last_csn"])) if r["last_csn"] else None
+        rows["pump"] = {r["group_name"].upper(): r for r in pumps}
+        cur.execute("SELECT g.group_name, g.last_started, g.last_run_end, c.audit_ts, c.updated_at"
+                    " FROM trailbound.replicat_group g JOIN trailbound.replicat_checkpoint c USING (group_name)")
+        rows["replicat"] = {r["group_name"].upper(): r for r in cur.fetchall()}
+    configured = {"extract": config.extracts, "pump": config.pumps, "replicat": config.replicats}
+
+    found = []
+    for program in programs:
+        names = {name.upper(): name for name in configured[program]}
+        names.update({key: row["group_name"] for key, row in rows[program].items()})
+        for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
+            name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
+            status, error, error_time = _status(store, program, name, last)
+            if row is None:
+                found.append(GroupStatus(program, name, status, False, None, None, None, None, error, error_time,
+                                         last))
+                continue
+            if program == "extract":
+                checkpoint, log_time = row["last_run_end"], row["read_ts"]
+            elif program == "pump":
+                checkpoint, log_time = row["updated_at"], row["log_time"]
+            else:
+                checkpoint, log_time = row["updated_at"], row["audit_ts"]
+            found.append(GroupStatus(program, name, status, True, checkpoint, _lag(checkpoint, log_time),
+                                     _since(now, checkpoint), row["last_started"], error, error_time, last))
+    return found
+
+
+def open_transactions(store: MetadataStore, config: Config, group: str) -> list[OpenTransaction]:
+    """A capture's open transactions at its last checkpoint, oldest first."""
+    from trailbound.capture import checkpoints as ckpt
+
+    name = config.extract_name(group)
+    with store.transaction() as cur:
+        state = ckpt.load(cur, name)
+    if state is None:
+        return []
+    limit = config.extract(name).warnlongtrans.duration
+    found = []
+    for t in state.open:
+        age = max((state.read_time or t.start.ts) - t.start.ts, timedelta(0))
+        if t.skip_reason is not None:
+            br = f"skipped: {t.skip_reason}"
+        elif t.persisted is not None:
+            br = (f"persisted ({t.persisted.records} records through sequence {t.persisted.through_sequence} "
+                  f"rba {t.persisted.through_rba})")
+        else:
+            br = "not persisted"
+        found.append(OpenTransaction(name, t.xid, t.thread, f"{t.thread}:{t.start.sequence}:{t.start.rba}",
+                                     t.start.scn, t.start.ts, age, t.records, t.bytes, br,
+                                     t.skip_reason is None and age > limit))
+    return sorted(found, key=lambda t: (t.start_time, t.start_scn))
+
+
+def lag_history(store: MetadataStore, program: str, group: str, limit: int = 200) -> list[LagPoint]:
+    """Lag at checkpoint of a group's last committed runs, oldest first (from the stage's
+    history table: extract_run's read time, replicat's applied CSN, pump's shipped CSN)."""
+    name = group.upper()
+    points = []
+    with store.transaction() as cur:
+        if program == "extract":
+            cur.execute("SELECT ended_at, read_time FROM trailbound.extract_run WHERE group_name = %s"
+                        " AND read_time IS NOT NULL ORDER BY run_id DESC LIMIT %s", (name, limit))
+            points = [(r["ended_at"], r["read_time"]) for r in cur.fetchall()]
+        elif program in ("replicat", "pump"):
+            query = ("SELECT ended_at, log_csn AS csn FROM trailbound.replicat_run WHERE group_name = %s"
+                     " AND log_csn IS NOT NULL ORDER BY run_id DESC LIMIT %s") if program == "replicat" else \
+                    ("SELECT ended_at, checkpoints->>'last_csn' AS csn FROM trailbound.pump_run"
+                     " WHERE group_name = %s ORDER BY run_id DESC LIMIT %s")
+            cur.execute(query, (name, limit))
+            points = [(r["ended_at"], commit_time(cur, Csn.parse(r["csn"])) if r["csn"] else None)
+                      for r in cur.fetchall()]
+    return [LagPoint(at, _lag(at, log_time)) for at, log_time in reversed(points) if log_time is not None]
+

@@ -1,0 +1,200 @@
+"""The operator's console on the command line: every run's outcome recorded (ABENDED until
+a run succeeds), INFO ALL, wildcards in INFO, the status data the Airflow view renders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psycopg2
+import pytest
+
+from capture_kit import ins, load_config, new_archive, rec, write_config
+from trailbound import cli, runlog, status
+from trailbound.errors import TrailboundError
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+
+def tb(config_path, *words) -> list[str]:
+    return ["--config", str(config_path), *words]
+
+
+def test_a_failed_run_abends_its_group_until_a_run_succeeds(tmp_path, spark, store, capsys, monkeypatch):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "OPEN", 2)], 100)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0
+    capsys.readouterr()
+    assert cli.main(tb(config_path, "info", "all")) == 0
+    shown = capsys.readouterr().out
+    [line] = [x for x in shown.splitlines() if x.startswith("EXTRACT")]
+    assert line.split()[:3] == ["EXTRACT", "STOPPED", "EXT1"]
+    lag, since = line.split()[3:5]
+    assert lag.count(":") == 2 and since.count(":") == 2
+    assert "UTC" in shown
+
+    # The archive goes missing: the run fails, and says so everywhere an operator looks.
+    (tmp_path / "archive").rename(tmp_path / "archive.away")
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 1
+    error = capsys.readouterr().err.removeprefix("ERROR ").strip()
+    assert cli.main(tb(config_path, "info", "all")) == 0
+    shown = capsys.readouterr().out
+    assert [x for x in shown.splitlines() if x.startswith("EXTRACT ")][0].split()[:3] == ["EXTRACT", "ABENDED", "EXT1"]
+    assert f"EXTRACT EXT1 ABENDED " in shown and error[:60] in shown and " UTC: " in shown
+    assert cli.main(tb(config_path, "info", "extract", "ext1")) == 0
+    report = capsys.readouterr().out
+    assert "Status ABENDED" in report.splitlines()[0] and "Last Error" in report and error[:60] in report
+    [last] = runlog.history(store, "extract", "EXT1", limit=1)
+    assert (last.outcome, last.ended_at is not None, last.command) == ("error", True,
+                                                                       f"trailbound --config {config_path} extract run EXT1")
+
+    # Fixed: the next run succeeds and the group is STOPPED again.
+    (tmp_path / "archive.away").rename(tmp_path / "archive")
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0
+    capsys.readouterr()
+    assert cli.main(tb(config_path, "info", "extract", "*")) == 0
+    report = capsys.readouterr().out
+    assert "Status STOPPED" in report and "Last Error" not in report and "Last Run" in report
+    assert [o.outcome for o in runlog.history(store, "extract", "EXT1")] == ["ok", "error", "ok"]
+
+
+def test_a_killed_run_is_abended_and_a_refused_one_changes_nothing(tmp_path, spark, store, monkeypatch):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT")], 100)
+    config_path = write_config(tmp_path)
+    config = load_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0
+    # A process killed in the middle of a run: its row has no end, nothing holds the group.
+    script = ("import os, sys\nfrom trailbound.metadata import MetadataStore\nfrom trailbound.runlog import recorded_run\n"
+              "store = MetadataStore.open(sys.argv[1])\n"
+              "with recorded_run(store, 'extract', 'EXT1', 'trailbound extract run EXT1'):\n    os._exit(9)\n")
+    killed = subprocess.run([sys.executable, "-c", script, store.connection.dsn], env=os.environ.copy())
+    assert killed.returncode == 9
+    [ext1] = status.info_all(store, config)
+    assert ext1.status == "ABENDED" and "ended without recording an outcome" in ext1.error
+
+    holder = psycopg2.connect(store.connection.dsn)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(hashtext('extract:EXT1'))")
+        assert status.info_all(store, config)[0].status == "RUNNING"
+        assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 1  # refused: the group is held
+    finally:
+        holder.close()
+    assert [o.outcome for o in runlog.history(store, "extract", "EXT1")][:2] == ["refused", "running"]
+    assert status.info_all(store, config)[0].status == "ABENDED", "a refused run says nothing of the group"
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0
+    assert status.info_all(store, config)[0].status == "STOPPED"
+
+
+def test_info_all_lists_every_configured_group_and_wildcards_match_them(tmp_path, store, capsys, monkeypatch):
+    new_archive(tmp_path)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "info", "all")) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("EXTRACT")]
+    assert line.split()[:3] == ["EXTRACT", "STOPPED", "EXT1"] and line.endswith("(not added yet)")
+    assert cli.main(tb(config_path, "info", "extract", "X*")) == 1
+    assert "no extract group matching 'X*' is added" in capsys.readouterr().err
+
+
+def test_a_run_error_is_recorded_without_a_password():
+    text = runlog.error_text(TrailboundError("cannot connect to postgresql://tb:s3cret@db:5432/meta "
+                                             "(host=db password=s3cret)"))
+    assert "s3cret" not in text and "cannot connect" in text
+
+
+def test_open_transactions_oldest_first_with_age_and_the_long_ones(tmp_path, spark, store):
+    from trailbound.capture.run import run_extract
+
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "OLD", 1), ins(3000, "NEW", 2), ins(3500, "A", 3), rec(3501, "A", "COMMIT")], 7200)
+    config = load_config(tmp_path)  # WARNLONGTRANS 1h by default
+    run_extract(spark, store, config, "EXT1")
+    found = status.open_transactions(store, config, "EXT1")
+    assert [(t.xid, t.age.total_seconds(), t.long_running, t.br_state) for t in found] == [
+        ("OLD", 7190.0, True, "not persisted"), ("NEW", 4200.0, True, "not persisted")]
+    assert found[0].start_position == "1:1:0" and found[0].start_scn == 10
+    [point] = status.lag_history(store, "extract", "EXT1")
+    assert point.lag.total_seconds() > 0
+    # A pump's and a replicat's lag: the commit time of a CSN, from the archive catalog.
+    from capture_kit import at
+    from trailbound.positions import Csn
+
+    with store.transaction() as cur:
+        assert status.commit_time(cur, Csn.parse("3501@1:1:3")) == at(3501)
+        assert status.commit_time(cur, Csn.parse("3501@1:9:3")) is None, "no such segment"
+
+
+def test_the_long_transaction_alert_reaches_a_users_notifier_with_group_xid_age_position_and_commands():
+    from airflow.sdk import BaseNotifier
+
+    from trailbound_airflow.notifiers import LongTransactionNotifier, long_transaction_message
+
+    class Recorder(BaseNotifier):
+        template_fields = ("text",)
+
+        def __init__(self):
+            super().__init__()
+            self.text, self.sent = "{{ trailbound_alert }}", []
+
+        def notify(self, context):
+            self.sent.append(self.text)
+
+    mine = Recorder()
+    long_ones = [{"xid": "X9", "thread": 2, "age_seconds": 5400.0, "start_time": "2026-11-01T00:00:10+00:00",
+                  "start_position": "2:7:41", "start_scn": 10, "records": 3}]
+    message = long_transaction_message("EXT1", long_ones, 3600)
+    LongTransactionNotifier(notifiers=[mine])({"trailbound_alert": message, "long_transactions": long_ones})
+    [sent] = mine.sent
+    for expected in ("EXTRACT EXT1", "WARNLONGTRANS 1:00:00", "xid 'X9' thread 2 open 1:30:00", "start position 2:7:41",
+                     "trailbound send extract EXT1 skiptrans X9 --thread 2", "FORCETRANS X9 THREAD 2"):
+        assert expected in sent, sent
+
+
+def test_the_view_renders_every_section_with_utc_times_and_relative_links():
+    from datetime import datetime, timedelta, timezone
+
+    from trailbound_airflow.console import Snapshot, render
+
+    now = datetime(2026, 11, 23, 1, 0, tzinfo=timezone.utc)
+    point = status.LagPoint
+    snap = Snapshot(now=now, groups=[status.GroupStatus("replicat", "REP1", "ABENDED", True, now, timedelta(seconds=5),
+                                                        timedelta(seconds=60), None, "target <gone>", now)],
+                    lags={("replicat", "REP1"): [point(now - timedelta(hours=1), timedelta(seconds=50)),
+                                                 point(now, timedelta(seconds=5))]},
+                    dags={("replicat", "REP1"): ["replicat_rep1"]})
+    page = render(snap)
+    assert "2026-11-23 01:00:00 UTC: target &lt;gone&gt;" in page, "escaped, with its zone"
+    assert "href='../dags/replicat_rep1/runs'" in page and "href='../dags/control'" in page
+    assert "<polyline" in page and "http" not in page.replace("http-equiv", ""), "no absolute URL, no CDN"
+
+
+def test_logdump_bounds_and_a_closed_pipe_end_cleanly(tmp_path, spark, store, capsys, monkeypatch):
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), ins(11, "A", 2), rec(20, "A", "COMMIT")], 100)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0
+    trail_file = str(tmp_path / "dirdat" / "lt000000001")
+    capsys.readouterr()
+    assert cli.main(["logdump", trail_file, "--from", "1"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.split()[:2] == ["1:1", "ind"] and "commit 2026-11-01 00:00:20.000000 UTC" in line, line
+    assert cli.main(["logdump", trail_file, "--from", "2"]) == 1
+    assert f"{trail_file}: --from 2 is past the file's end: it holds 2 record(s), rba 0..1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["logdump", trail_file, "--from", "-3"])
+    assert usage.value.code == 2 and "-3 is negative" in capsys.readouterr().err
+
+    # `trailbound info extract EXT1 --showch 5 | head -1`: the reader leaves early.
+    reader = subprocess.Popen([sys.executable, "-m", "trailbound.cli", *tb(config_path, "info", "extract", "EXT1",
+                                                                          "--showch", "5")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    reader.stdout.close()
+    error = reader.stderr.read().decode()
+    assert reader.wait() == 141 and "Traceback" not in error and "BrokenPipe" not in error, error

@@ -1,0 +1,243 @@
+"""The operator's console in Airflow, for real: the suite starts Airflow's API server (with
+our plugin), scheduler and triggerer on 127.0.0.1 and
+- drives headless Chromium (Debian's chromium and chromium-driver, through selenium)
+  through the login to the trailbound view, and reads what a user reads there (a
+  screenshot is kept; its path is printed);
+- runs the long-transaction monitor, whose sensor defers to the triggerer, polls every
+  WARNLONGTRANS CHECKINTERVAL, and alerts through our notifier into a user's notifier."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from capture_kit import T0, ins, new_archive, rec
+from test_dags import REPO, VENV_BIN, AirflowWorld, free_port
+from trailbound import cli
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+USER, PASSWORD = "operator", "operator-password-for-the-test"
+
+
+def write_config(tmp_path: Path) -> Path:
+    path = tmp_path / "trailbound.yaml"
+    path.write_text(f"home: {tmp_path}\nsources:\n  SRC:\n    altarchivelogdest: archive\n"
+                    "extracts:\n  EXT1:\n    source: SRC\n    exttrail: dirdat/lt\n    table: ['shop.*']\n"
+                    "    warnlongtrans:\n      duration: 1h\n      checkinterval: 3s\n"
+                    "replicats:\n  REP1:\n    exttrail: dirdat/lt\n    source: SRC\n"
+                    f"airflow:\n  start_date: {T0.isoformat()}\n  alert_notifiers: [pager.pager]\n")
+    # A user's own notifier (as a SlackNotifier would be configured), writing what it sends.
+    (tmp_path / "pager.py").write_text(
+        "from pathlib import Path\nfrom airflow.sdk import BaseNotifier\n\n"
+        "class FilePager(BaseNotifier):\n    template_fields = ('text',)\n\n"
+        "    def __init__(self, text):\n        super().__init__()\n        self.text = text\n\n"
+        "    def notify(self, context):\n"
+        "        with open(Path(__file__).with_name('pages.txt'), 'a') as pages:\n"
+        "            pages.write(self.text + '\\n')\n\n"
+        "pager = FilePager(text='{{ trailbound_alert }}')\n")
+    return path
+
+
+def task_state(world: AirflowWorld, dag_id: str) -> str | None:
+    with sqlite3.connect(world.home / "airflow.db") as airflow_db:
+        row = airflow_db.execute("SELECT state FROM task_instance WHERE dag_id = ? ORDER BY start_date DESC",
+                                 (dag_id,)).fetchone()
+    return row[0] if row else None
+
+
+def trigger_log(world: AirflowWorld) -> str:
+    """What the monitor's trigger logged (the triggerer writes it beside the task's log)."""
+    return "".join(path.read_text() for path in (world.home / "logs").glob("dag_id=longtrans_ext1/**/*.trigger.*"))
+
+
+def wait_for(condition, what: str, logs: list[Path], seconds: int = 300):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n" + "\n".join(
+            f"== {log}\n{log.read_text()[-2500:]}" for log in logs)
+        time.sleep(2)
+    return found
+
+
+def status_of(url: str, token: str | None = None) -> int:
+    """The HTTP status of a GET, redirects not followed."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.build_opener(NoRedirect, urllib.request.ProxyHandler({})).open(request,
+                                                                                           timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except urllib.error.URLError:
+        return 0  # not listening (yet)
+
+
+class Airflow:
+    """The API server (with our plugin), the scheduler and the triggerer of one world."""
+
+    def __init__(self, world: AirflowWorld, directory: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        world.env.update({"AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__HOST": "127.0.0.1",
+                          "AIRFLOW__API__WORKERS": "1", "AIRFLOW__API__BASE_URL": self.url,
+                          "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                          "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                          "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                          "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
+        self.logs = {name: directory / f"{name}.log" for name in ("api-server", "scheduler", "triggerer")}
+        self.processes = [subprocess.Popen([str(VENV_BIN / "airflow"), name], env=world.env,
+                                           stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+                          for name, log in self.logs.items()]
+        try:
+            wait_for(lambda: status_of(f"{self.url}/api/v2/monitor/health") == 200, "the API server",
+                     [self.logs["api-server"]], seconds=240)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for process in self.processes:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            process.wait(timeout=60)
+
+
+def browser(profile: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1800", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def group_row(driver, group: str) -> dict:
+    from selenium.webdriver.common.by import By
+
+    row = driver.find_element(By.CSS_SELECTOR, f"#info-all-table tr[data-group='{group}']")
+    cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+    return dict(zip(["program", "status", "group", "lag", "since", "checkpoint", "error", "dags"], cells))
+
+
+@pytest.mark.long_running(240)
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
+                                                             "(the Makefile's set-up installs them)")
+def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts_through_the_triggerer(
+        tmp_path, spark, store, monkeypatch):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as until
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "OLDTX", 1), ins(20, "A", 2), rec(30, "A", "COMMIT")], 7200)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    monkeypatch.delenv("TRAILBOUND_TARGET_DSN", raising=False)
+    assert cli.main(["--config", str(config_path), "extract", "run", "EXT1"]) == 0
+    assert cli.main(["--config", str(config_path), "replicat", "run", "REP1"]) == 1  # no target database
+
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, "")
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps({USER: PASSWORD}))
+    world.env.update({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
+                      "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords)})
+    world.env.pop("TRAILBOUND_TARGET_DSN", None)
+    world.airflow("dags", "reserialize")
+    world.airflow("dags", "unpause", "longtrans_ext1")
+    airflow = Airflow(world, tmp_path)
+    logs = list(airflow.logs.values())
+    try:
+        driver = browser(tmp_path / "chromium-profile")
+    except BaseException:
+        airflow.stop()
+        raise
+    try:
+        # The monitor's run for the interval ending T0+3h (a backfill run has that data
+        # interval; a manual one's ends now): capture has read only to T0+2h.
+        interval = (T0 + timedelta(hours=2, minutes=45)).isoformat()
+        world.airflow("backfill", "create", "--dag-id", "longtrans_ext1", "--from-date", interval,
+                      "--to-date", interval)
+
+        # Without a session: the page sends to the login, the API answers 401.
+        assert status_of(f"{airflow.url}/trailbound/") == 307
+        assert status_of(f"{airflow.url}/trailbound/api/info-all") == 401
+        assert status_of(f"{airflow.url}/trailbound/api/info-all", token="not-a-token") in (401, 403)
+
+        driver.get(f"{airflow.url}/trailbound/")
+        wait = WebDriverWait(driver, 120)
+        wait.until(until.presence_of_element_located((By.CSS_SELECTOR, "input[name='username']")))
+        driver.find_element(By.CSS_SELECTOR, "input[name='username']").send_keys(USER)
+        driver.find_element(By.CSS_SELECTOR, "input[name='password']").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+        wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
+
+        ext1, rep1 = group_row(driver, "EXT1"), group_row(driver, "REP1")
+        assert (ext1["program"], ext1["status"]) == ("EXTRACT", "STOPPED")
+        assert ext1["lag"].count(":") == 2 and ext1["checkpoint"].endswith("UTC")
+        assert (rep1["program"], rep1["status"]) == ("REPLICAT", "ABENDED")
+        assert "TRAILBOUND_TARGET_DSN is not set" in rep1["error"] and " UTC: " in rep1["error"]
+        assert "replicat_rep1" in rep1["dags"]
+        [alert] = driver.find_elements(By.CSS_SELECTOR, "#transactions-table tr.alert")
+        assert alert.find_elements(By.TAG_NAME, "td")[1].text == "OLDTX"
+        assert "WARNLONGTRANS 01:00:00" in alert.text and "skiptrans or forcetrans OLDTX" in alert.text
+        assert driver.find_elements(By.CSS_SELECTOR, "svg.lag polyline"), "a lag chart per group with runs"
+        assert "Required SCN" in driver.find_element(By.ID, "retention-table").text
+
+        # The sensor waits in the triggerer, polling every CHECKINTERVAL (3 s).
+        wait_for(lambda: task_state(world, "longtrans_ext1") == "deferred", "the sensor to defer", logs)
+        wait_for(lambda: trigger_log(world).count("waiting for capture EXT1 to read past 2026-11-01 03:00:00") >= 2,
+                 "the trigger to poll twice", logs)
+        assert "checking every 3.0s" in trigger_log(world)
+        assert not (tmp_path / "pages.txt").exists(), "no alert before capture has read past the interval"
+
+        # A capture run reads two more hours of log: the lag the view shows moves, and the
+        # trigger finds OLDTX open for almost four hours.
+        archive.segment(1, [ins(7300, "B", 3), rec(7310, "B", "COMMIT")], 14400)
+        assert cli.main(["--config", str(config_path), "extract", "run", "EXT1"]) == 0
+        driver.refresh()
+        wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
+        moved = group_row(driver, "EXT1")
+        assert moved["lag"] != ext1["lag"] and moved["checkpoint"] != ext1["checkpoint"]
+        artifact = REPO / "var" / "artifacts" / "console-view.png"
+        artifact.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(artifact))
+        print(f"screenshot of the view: {artifact}")
+
+        # The navigation entry: the view inside the Airflow UI (an iframe of the same page).
+        driver.get(f"{airflow.url}/plugin/trailbound")
+        frame = wait.until(until.presence_of_element_located((By.CSS_SELECTOR, "iframe[src*='trailbound']")))
+        driver.switch_to.frame(frame)
+        wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
+        assert group_row(driver, "REP1")["status"] == "ABENDED"
+        driver.switch_to.default_content()
+
+        wait_for(lambda: task_state(world, "longtrans_ext1") == "failed", "the monitor to alert", logs)
+        page = (tmp_path / "pages.txt").read_text()
+        for expected in ("EXTRACT EXT1 open longer than WARNLONGTRANS 1:00:00", "xid 'OLDTX' thread 1 open 3:59:50",
+                         "start position 1:1:0", "trailbound send extract EXT1 skiptrans OLDTX --thread 1",
+                         "trailbound send extract EXT1 forcetrans OLDTX --thread 1", "SKIPTRANS OLDTX", "FORCETRANS"):
+            assert expected in page, page
+    finally:
+        driver.quit()
+        airflow.stop()
