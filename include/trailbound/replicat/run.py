@@ -800,7 +800,8 @@ def reposition(store: MetadataStore, config: Config, group: str, words: list[str
             hold_target(connection, name)
             with connection.cursor() as cur:
                 ckt.create(cur, table_name)
-                ckt.set_position(cur, table_name, name, position, log_csn=log_csn, current_dir=str(config.home))
+                ckt.set_position(cur, table_name, name, position, log_csn=log_csn or None,
+                                 keep_log_csn=log_csn is False, current_dir=str(config.home))
                 row = ckt.read(cur, table_name, name)
             connection.commit()
         finally:
