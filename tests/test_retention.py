@@ -296,7 +296,7 @@ def test_open_transactions_pin_their_log_with_and_without_br_until_br_persists_t
     unusable = run_retention(store, broff, dry_run=True).sources[0].plan
     assert unusable.purged == [] and unusable.required_scn == Scn(long_start)
     [ext1] = [r for r in unusable.registrations if r.group == "EXT1"]
-    assert ext1.committed_scn == hours(5) and "normal recovery" in ext1.note
+    assert ext1.committed_scn == Scn(hours(5)) and "normal recovery" in ext1.note
     dry = run_retention(store, config, dry_run=True)
     would = [(d.segment.thread, d.segment.sequence) for d in dry.purged]
     assert would == [(1, 3), (1, 4), (1, 5), (2, 3), (2, 4), (2, 5)], "persisted by BR: LONG no longer pins its log"
