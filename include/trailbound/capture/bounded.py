@@ -15,17 +15,17 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-
-from trailbound.archive.reader import RECORD_COLUMNS
 from trailbound.capture import checkpoints as ckpt
 from trailbound.durable import atomic_write, file_sha256
 from trailbound.positions import LogPosition, Scn
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# Spark and Arrow are imported where files are written or read, not here: INFO and
+# retention use this module's names and checks and should not start up Spark's modules.
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -61,6 +61,8 @@ def fault(persisted: ckpt.PersistedObject) -> str | None:
 
 def restore(spark: SparkSession, restored: list[ckpt.OpenTransaction]) -> DataFrame | None:
     """The persisted transactions' records, as a records DataFrame."""
+    from trailbound.archive.reader import RECORD_COLUMNS
+
     if not restored:
         return None
     paths = [str(t.persisted.file) for t in restored]
@@ -72,6 +74,11 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
     """Write each listed transaction's records (all it has so far) to its own file.
     Files are written completely (temporary name, fsync, rename, fsync the directory) before the BR
     checkpoint that names them commits; until then the previous checkpoint stays valid."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
     if not keys:
         return {}
     directory.mkdir(parents=True, exist_ok=True)
