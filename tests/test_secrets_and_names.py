@@ -24,7 +24,7 @@ from psycopg2 import sql
 from capture_kit import T0, new_archive
 from pump_kit import write_config
 from trailbound import cli
-from trailbound.archive.writer import write_defs
+from trailbound.archive.writer import write_defs, write_segment
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
@@ -140,23 +140,21 @@ def _r(scn, xid, op, key=None, note=None, parent=None):
 
 def test_hostile_names_and_xids_flow_end_to_end_as_data(tmp_path, spark, metadata_dsn, target_dsn, capsys,
                                                         monkeypatch):
-    from capture_kit import Archive
-
     root = tmp_path / "archive"
     write_defs(root, [{"name": NAME, "columns": [{"name": "id", "type": "bigint", "nullable": False},
                                                  {"name": NOTE, "type": "text", "nullable": True}], "key": ["id"]}])
     # SCNs are minutes of log time, so Bounded Recovery (brinterval 20m, rounded up to the
     # extract's interval) has something to persist.
-    archive = Archive(root)
     first = [_r(2 * n + 1, xid, "INSERT", key=n, note=xid) for n, xid in enumerate(XIDS)]
     first += [_r(20, PUNCT[::-1], "INSERT", key=100, note="rolled back", parent="../../etc"),  # a savepoint
               _r(21, PUNCT[::-1], "ROLLBACK", parent="../../etc"),
               _r(22, "../../etc", "UPDATE", key=0, note="it's; \"fine\"")]
     first += [_r(30 + n, xid, "COMMIT") for n, xid in enumerate(XIDS) if xid != "../../etc"]
     first += [_r(40, LONG, "INSERT", key=50, note="open long")]
-    archive.segment(1, first, 120)
-    archive.segment(1, [_r(130, "../../etc", "DELETE", key=1), _r(140, "../../etc", "COMMIT"),
-                        _r(150, LONG, "COMMIT")], 240)
+    second = [_r(130, "../../etc", "DELETE", key=1), _r(140, "../../etc", "COMMIT"), _r(150, LONG, "COMMIT")]
+    for sequence, (records, first_scn, next_scn) in enumerate([(first, 0, 120), (second, 120, 240)], start=1):
+        write_segment(root, thread=1, sequence=sequence, records=records, first_scn=first_scn, next_scn=next_scn,
+                      first_time=_minutes(first_scn), next_time=_minutes(next_scn), fmt="parquet")
     config_path = write_config(tmp_path, {"PMP1": {"exttrail": "dirdat/lt", "rmttrail": "remote/rt"}},
                                extract_tables=("*.*",), megabytes=0.0001,
                                replicats={"REP1": {"exttrail": "remote/rt", "source": "SRC"}})
