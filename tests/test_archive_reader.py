@@ -213,7 +213,7 @@ def test_malformed_json_line(catalog, archive, spark):
     import hashlib
     manifest.update(sha256=hashlib.sha256(data.read_bytes()).hexdigest(), bytes=data.stat().st_size)
     path.write_text(json.dumps(manifest))
-    scan_fails(catalog, archive, spark, "arch_1_000000003.jsonl", None, "malformed JSON line")
+    scan_fails(catalog, archive, spark, "arch_1_000000003.jsonl", 1, "line 2 is not well-formed JSON")
 
 
 def test_a_segment_changed_after_cataloging_is_refused(catalog, archive, spark):

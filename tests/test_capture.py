@@ -52,13 +52,16 @@ def test_rollbacks_and_rolled_back_savepoints_leave_no_trace(tmp_path, spark, st
         rec(1, "T1", "BEGIN"), ins(2, "T1", 1),
         ins(3, "S1", 2, parent_xid="T1"), rec(4, "S1", "ROLLBACK", parent_xid="T1"),    # rolled-back savepoint
         ins(5, "S2", 3, parent_xid="T1"),                                               # released: kept
-        ins(6, "S3", 4, parent_xid="T1"), ins(7, "S4", 5, parent_xid="S3"),
+        # A savepoint inside a savepoint: parent_xid names the top-level transaction.
+        ins(6, "S3", 4, parent_xid="T1"), ins(7, "S4", 5, parent_xid="T1"),
         ins(8, "T2", 6), rec(9, "T2", "ROLLBACK"),                                       # whole rollback
         rec(10, "S4", "ROLLBACK", parent_xid="T1"), rec(10, "S3", "ROLLBACK", parent_xid="T1"),  # nested
         ins(11, "T1", 7), rec(12, "T1", "COMMIT")], 100)
     config = load_config(tmp_path)
-    run(spark, store, config)
+    result = run(spark, store, config)
     assert transactions(committed_trail(store, config)) == [("T1", [1, 3, 7])]
+    assert result.open_transactions == 0 and state(store).open == [], "nothing may stay open"
+    assert state(store).read["recovery"][1].scn == 12, "no open transaction holds recovery back"
 
 
 @pytest.mark.long_running(20)
@@ -140,16 +143,30 @@ def test_trail_files_roll_over_between_transactions(tmp_path, spark, store):
         assert meta["format_version"] == trail.FORMAT_VERSION and meta["records"] == len(trail.read_file(path))
 
 
+def m(n: int) -> int:
+    """The crash scenario's SCNs are minutes of log time, so that its runs cross Bounded
+    Recovery boundaries (brinterval 20m, the shortest allowed)."""
+    return n * 60
+
+
 def _crash_scenario(tmp_path):
     archive = new_archive(tmp_path)
-    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "LONG", 2)], 100)
-    archive.segment(2, [ins(40, "B", 3), ins(41, "B", 4), rec(60, "B", "COMMIT")], 100, fmt="jsonl")
-    archive.segment(1, [ins(110, "C", 5), rec(120, "C", "COMMIT"), ins(130, "LONG", 6)], 200)
-    archive.segment(2, [ins(150, "D", 7), rec(160, "D", "COMMIT")], 200)
-    archive.segment(1, [rec(210, "LONG", "COMMIT"), ins(220, "E", 8), rec(230, "E", "COMMIT")], 300)
-    archive.segment(2, [], 300)
-    # Tiny trail files (one transaction each), so a run writes several and can die between them.
-    return write_config(tmp_path, megabytes=0.0001)
+    archive.segment(1, [ins(m(10), "A", 1), rec(m(20), "A", "COMMIT"), ins(m(90), "LONG", 2)], m(100))
+    archive.segment(2, [ins(m(40), "B", 3), ins(m(41), "B", 4), rec(m(60), "B", "COMMIT")], m(100), fmt="jsonl")
+    archive.segment(1, [ins(m(110), "C", 5), rec(m(120), "C", "COMMIT"), ins(m(130), "LONG", 6)], m(200))
+    archive.segment(2, [ins(m(150), "D", 7), rec(m(160), "D", "COMMIT")], m(200))
+    archive.segment(1, [rec(m(210), "LONG", "COMMIT"), ins(m(220), "E", 8), rec(m(230), "E", "COMMIT")], m(300))
+    archive.segment(2, [], m(300))
+    # Tiny trail files (one transaction each), so a run writes several and can die between
+    # them; Bounded Recovery (brinterval 20m, rounded up to the extract's interval) first
+    # persists LONG in the second run (open for 110 minutes by then, 10 in the first).
+    path = write_config(tmp_path, megabytes=0.0001)
+    path.write_text(path.read_text() + "    br:\n      brdir: brfiles\n      brinterval: 20m\n")
+    return path
+
+
+def _br_files(directory) -> list:
+    return sorted(p.name for p in (directory / "brfiles").rglob("*") if p.is_file())
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +176,11 @@ def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
     directory = tmp_path_factory.mktemp("reference")
     config = configuration.load(_crash_scenario(directory))
     with MetadataStore.open(new_metadata_database()) as reference_store:
-        for until in (at(100), at(200), at(300)):
-            run(spark, reference_store, config, until)
+        run(spark, reference_store, config, at(m(100)))
+        assert _br_files(directory) == []
+        assert run(spark, reference_store, config, at(m(200))).br_checkpoint and _br_files(directory), \
+            "the second run persists LONG"
+        assert run(spark, reference_store, config, at(m(300))).recovery == "bounded"
         return committed_trail(reference_store, config)
 
 
@@ -172,20 +192,24 @@ def test_a_crash_at_any_point_then_a_rerun_gives_the_uninterrupted_trail(tmp_pat
 
     config_path = _crash_scenario(tmp_path)
     config = configuration.load(config_path)
-    run(spark, store, config, at(100))
+    run(spark, store, config, at(m(100)))
     before = state(store)
     env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn}
     crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path),
-                              "extract", "run", "EXT1", "--until", at(200).isoformat()],
+                              "extract", "run", "EXT1", "--until", at(m(200)).isoformat()],
                              env=env, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     after = state(store)
     if point == "after_checkpoint_commit":
-        assert after.read_scn == Scn(200)
+        assert after.read_scn == Scn(m(200))
     else:
         assert (after.read_scn, after.write) == (before.read_scn, before.write), "no checkpoint may move"
-    run(spark, store, config, at(200))
-    run(spark, store, config, at(300))
+    if point in ("after_br_persist", "after_checkpoint_commit"):
+        assert _br_files(tmp_path), "the crashed run got as far as writing its BR file"
+    else:
+        assert _br_files(tmp_path) == []
+    run(spark, store, config, at(m(200)))
+    run(spark, store, config, at(m(300)))
     assert committed_trail(store, config) == uninterrupted_trail
     assert transactions(uninterrupted_trail) == [("A", [1]), ("B", [3, 4]), ("C", [5]), ("D", [7]),
                                                  ("LONG", [2, 6]), ("E", [8])]
@@ -298,21 +322,28 @@ def test_bad_input_stops_capture_with_the_file_and_moves_no_checkpoint(tmp_path,
     trail_before = committed_trail(store, config)
     records = [ins(110, "B", 3), rec(120, "B", "COMMIT")]
     expected_rba = None
+    # Each bad record sits before B's COMMIT, where no other check can fire: the error
+    # must come from the check the case is about.
     if defect == "sha256":
         archive.segment(1, records, 200, manifest_overrides={"sha256": "f" * 64})
-        name = "arch_1_000000002.parquet"
+        name, message = "arch_1_000000002.parquet", "the manifest says " + "f" * 64
     elif defect == "sequence gap":
         archive.next_sequence[1] = 3
         archive.segment(1, records, 200)
-        name = "arch_1_000000003.json"
+        name, message = "arch_1_000000003.json", "sequence gap: thread 1 goes from sequence 1 to 3 (missing 2)"
     else:
-        bad = {"scn backwards": ins(105, "B", 4), "unknown op": rec(121, "B", "UPSERT", "shop.orders"),
-               "commit of a savepoint": rec(121, "S", "COMMIT", parent_xid="B")}[defect]
-        archive.segment(1, records + [bad], 200, fmt="jsonl")
-        name, expected_rba = "arch_1_000000002.jsonl", 2
+        bad, message = {
+            "scn backwards": ([ins(105, "B", 4)], "scn goes backwards: 105 after 110"),
+            "unknown op": ([rec(111, "B", "UPSERT", "shop.orders", key=4)], "unknown op UPSERT"),
+            "commit of a savepoint": ([ins(111, "S", 4, parent_xid="B"), rec(112, "S", "COMMIT", parent_xid="B")],
+                                      "COMMIT of subtransaction S (of transaction B)"),
+        }[defect]
+        archive.segment(1, records[:1] + bad + records[1:], 200, fmt="jsonl")
+        name, expected_rba = "arch_1_000000002.jsonl", len(bad)
     with pytest.raises(ArchiveError) as error:
         run(spark, store, config)
     assert error.value.path.endswith(name) and error.value.rba == expected_rba
+    assert message in error.value.message, error.value.message
     after = state(store)
     assert (after.read_scn, after.write, after.open, after.read) == (before.read_scn, before.write, before.open,
                                                                       before.read)

@@ -29,9 +29,15 @@ def test_concurrent_starts_apply_each_migration_exactly_once(empty_database_dsn)
     for thread in threads:
         thread.join()
     assert errors == []
+    from importlib import resources
+
+    migrations = sorted(p.name for p in resources.files("trailbound.sql").joinpath("migrations").iterdir()
+                        if p.name.endswith(".sql"))
     with psycopg2.connect(empty_database_dsn) as connection, connection.cursor() as cur:
-        cur.execute("SELECT version, count(*) FROM trailbound.schema_migration GROUP BY version")
-        assert all(count == 1 for _, count in cur.fetchall())
+        cur.execute("SELECT version, count(*) FROM trailbound.schema_migration GROUP BY version ORDER BY version")
+        counts = cur.fetchall()
+    assert len(migrations) >= 7 and len(counts) == len(migrations), f"{counts} for {migrations}"
+    assert all(count == 1 for _, count in counts)
 
 
 def test_a_transaction_commits_all_or_nothing(store):

@@ -30,7 +30,7 @@ from trailbound.archive.segments import discover
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.positions import Csn
-from trailbound.pump import run_pump
+from trailbound.pump.run import run_pump
 from trailbound.replicat.run import run_replicat
 from trailbound.sources.postgres.lsn import Lsn
 

@@ -555,15 +555,31 @@ def test_replay_of_the_raw_archive_reaches_the_truth(archive, truth):
         assert canonical(rows) == canonical(truth["tables"][name]["rows"]), name
 
 
-def test_the_commit_tie_break_matters(archive, truth):
+def test_the_commit_tie_break_matters(archive, truth, txns):
     """Transactions on different threads that commit at the same SCN change the same rows:
-    breaking the tie the wrong way (higher thread first) must give another state."""
+    breaking the tie the wrong way (higher thread first) must give another state, or fail
+    outright on a change to a row that is not there (yet) or is there already."""
     def wrong_order(end):
         return end["scn"], -end["thread"], end["sequence"], end["rba"]
 
+    keys, columns = archive.keys(), archive.columns()
+    touched: dict[int, dict[int, set]] = {}  # commit scn -> thread -> (table, key) touched
+    for txn in txns.values():
+        if txn.committed:
+            rows = touched.setdefault(txn.end["scn"], {}).setdefault(txn.end["thread"], set())
+            for change in txn.surviving_changes():
+                image = json.loads(change["after"] or change["before"] or "{}")
+                if change["op"] != "TRUNCATE" and all(c in image for c in keys[change["table"]] or columns[change["table"]]):
+                    rows.add((change["table"], row_identity(keys[change["table"]], columns[change["table"]], image)))
+    conflicts = [scn for scn, threads in touched.items() if len(threads) > 1
+                 and any(a & b for t, a in threads.items() for u, b in threads.items() if t < u)]
+    assert conflicts, "the simulator must commit same-SCN transactions on different threads touching one row"
     try:
         replayed = replay(archive, wrong_order)
-    except (KeyError, AssertionError):  # a change to a row that is not there (yet)
+    except KeyError:
+        return  # an UPDATE/DELETE of a row the wrong order has not inserted yet: the order matters
+    except AssertionError as exc:
+        assert "existing row" in str(exc), exc  # an INSERT of a row the wrong order has not deleted yet
         return
     assert any(canonical(rows) != canonical(truth["tables"][name]["rows"]) for name, rows in replayed.items())
 

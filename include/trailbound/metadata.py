@@ -42,6 +42,20 @@ def redact(dsn: str) -> str:
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
 
 
+def connection_error(what: str, dsn: str, exc: Exception) -> TrailboundError:
+    """`cannot connect to <what>`, naming the DSN without its password. The driver's own
+    text is kept only when the DSN parses (it may quote a piece of a DSN that does not,
+    such as a password with an unquoted space), with the password taken out of it too."""
+    try:
+        password = psycopg2.extensions.parse_dsn(dsn).get("password")
+    except psycopg2.Error:
+        return TrailboundError(f"cannot connect to {what}: its DSN does not parse (not shown: it may hold a password)")
+    text = str(exc).strip()
+    if password:
+        text = text.replace(password, "***")
+    return TrailboundError(f"cannot connect to {what} {redact(dsn)}: {' '.join(text.split())}")
+
+
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every migration shipped with the package, in order."""
     found = []
@@ -66,8 +80,8 @@ class MetadataStore:
     def open(cls, dsn: str) -> "MetadataStore":
         try:
             connection = psycopg2.connect(dsn, application_name="trailbound")
-        except psycopg2.OperationalError as exc:
-            raise TrailboundError(f"cannot connect to the metadata store {redact(dsn)}: {exc}".strip()) from None
+        except psycopg2.Error as exc:
+            raise connection_error("the metadata store", dsn, exc) from None
         store = cls(connection)
         store.migrate()
         return store

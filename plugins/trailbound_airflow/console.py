@@ -90,7 +90,7 @@ def _describe(store, config, program: str, group: str) -> str:
 
             return describe_extract(store, config, group, showch=0, br=True)
         if program == "pump":
-            from trailbound.pump import describe_pump
+            from trailbound.pump.info import describe_pump
 
             return describe_pump(store, config, group, showch=0)
         from trailbound.replicat.info import describe_replicat

@@ -165,6 +165,9 @@ Command, from the repository root (`make bench` runs it with the throwaway Postg
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(report)
     print(report)
+    if not (bound_ok and ratio_72 >= 20):
+        print("FAILED: Bounded Recovery did not meet its bound (see above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,6 +31,7 @@ _PARQUET_SCHEMA = T.StructType([
     T.StructField("after", T.StringType()),
 ])
 _CORRUPT = "_corrupt_record"
+_MALFORMED = "malformed JSON line: "
 _JSON_SCHEMA = T.StructType(
     [T.StructField(f.name, T.StringType() if f.name == "ts" else f.dataType) for f in _PARQUET_SCHEMA]
     + [T.StructField(_CORRUPT, T.StringType())]
@@ -60,7 +61,7 @@ def _read_format(spark: SparkSession, segments: Sequence[Segment], fmt: str) -> 
         frame = (spark.read.schema(_JSON_SCHEMA)
                  .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
                  .json(paths)
-                 .withColumn("ts", F.col("ts").cast("timestamp")))
+                 .withColumn("ts", F.col("ts").try_cast("timestamp")))  # not a time: null, refused by the checks
     return frame.withColumn("file", F.regexp_extract(F.col("_metadata.file_path"), r"([^/]+)$", 1))
 
 
@@ -79,6 +80,16 @@ def read_records(spark: SparkSession, segments: Sequence[Segment], *, keep_corru
     return records.select(*columns)
 
 
+def _not_an_object(column: str):
+    """True when an image is present but is not JSON object text (a JSON string, an
+    array, a number, or no JSON at all): replicat could not read a row from it."""
+    value = F.col(column)
+    return value.isNotNull() & (~F.ltrim(value).startswith("{") | F.from_json(value, _IMAGE).isNull())
+
+
+_IMAGE = T.MapType(T.StringType(), T.StringType())
+
+
 def _record_violations(records: DataFrame) -> DataFrame:
     """One row per record that breaks a rule checkable from the record and its
     predecessor in the segment: (thread, sequence, rba, file, message)."""
@@ -89,7 +100,7 @@ def _record_violations(records: DataFrame) -> DataFrame:
     rba, scn, op, xid = F.col("rba"), F.col("scn"), F.col("op"), F.col("xid")
     text = F.format_string
     message = (
-        F.when(F.col(_CORRUPT).isNotNull(), text("malformed JSON line: %s", F.substring(F.col(_CORRUPT), 1, 120)))
+        F.when(F.col(_CORRUPT).isNotNull(), F.concat(F.lit(_MALFORMED), F.substring(F.col(_CORRUPT), 1, 120)))
         .when(rba.isNull(), F.lit("record without an rba"))
         .when(F.col("prev_rba").isNull() & (rba != 0), text("rba gap: the segment starts at rba %d, not 0", rba))
         .when(rba == F.col("prev_rba"), text("rba %d appears twice", rba))
@@ -106,6 +117,9 @@ def _record_violations(records: DataFrame) -> DataFrame:
               text("%s without a table", op))
         .when((op == "COMMIT") & F.col("parent_xid").isNotNull(),
               text("COMMIT of subtransaction %s (of transaction %s)", xid, F.col("parent_xid")))
+        .when(F.col("parent_xid") == xid, text("parent_xid of %s names itself", xid))
+        .when(_not_an_object("before"), text("before is not a JSON object: %s", F.substring("before", 1, 80)))
+        .when(_not_an_object("after"), text("after is not a JSON object: %s", F.substring("after", 1, 80)))
     )
     return (checked.withColumn("message", message)
             .where(F.col("message").isNotNull())
@@ -134,13 +148,47 @@ def _records_after_end(records: DataFrame) -> DataFrame:
     return own.unionByName(children)
 
 
+def _nested_subtransactions(records: DataFrame) -> DataFrame:
+    """Records whose parent_xid names a subtransaction instead of its top-level
+    transaction. Grouping by parent_xid would make that subtransaction a transaction of
+    its own that never commits: an open transaction pinning recovery and retention."""
+    subtransactions = (records.where(F.col("parent_xid").isNotNull())
+                       .select(F.col("thread").alias("sub_thread"), F.col("xid").alias("sub"),
+                               F.col("parent_xid").alias("top")).distinct())
+    return (records.join(subtransactions, (F.col("thread") == F.col("sub_thread"))
+                         & (F.col("parent_xid") == F.col("sub")) & (F.col("xid") != F.col("sub")))
+            .select("thread", "sequence", "rba", "file", F.format_string(
+                "parent_xid %s of %s names a subtransaction (of transaction %s), not a top-level transaction",
+                "parent_xid", "xid", "top").alias("message")))
+
+
+def _json_line_error(path, text_prefix: str | None) -> tuple[int | None, str]:
+    """(rba, message) for the first line of a JSON Lines file that is not a JSON object:
+    Spark's reader says that a line is malformed, not which line it is."""
+    import json
+
+    try:
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle):
+                try:
+                    parsed = json.loads(line)
+                except ValueError as exc:
+                    return number, f"line {number + 1} is not well-formed JSON ({exc})"
+                if not isinstance(parsed, dict):
+                    return number, f"line {number + 1} is not a JSON object"
+    except OSError:
+        pass
+    return None, f"malformed JSON line: {text_prefix}"
+
+
 def first_violation(spark: SparkSession, segments: Sequence[Segment]) -> ArchiveError | None:
     """The first record (by thread, sequence, rba) that breaks the contract, or None."""
     if not any(s.records for s in segments):
         return None
     records = read_records(spark, segments, keep_corrupt=True).cache()
     try:
-        violations = _record_violations(records).unionByName(_records_after_end(records))
+        violations = (_record_violations(records).unionByName(_records_after_end(records))
+                      .unionByName(_nested_subtransactions(records)))
         first = violations.orderBy("thread", "sequence", F.col("rba").asc_nulls_first()).limit(1).collect()
     finally:
         records.unpersist()
@@ -148,7 +196,10 @@ def first_violation(spark: SparkSession, segments: Sequence[Segment]) -> Archive
         return None
     row = first[0]
     paths = {s.path.name: s.path for s in segments}
-    return ArchiveError(paths.get(row["file"], row["file"]), row["message"], rba=row["rba"])
+    path, message, rba = paths.get(row["file"], row["file"]), row["message"], row["rba"]
+    if message.startswith(_MALFORMED) and rba is None:
+        rba, message = _json_line_error(path, message[len(_MALFORMED):])
+    return ArchiveError(path, message, rba=rba)
 
 
 def check_records(spark: SparkSession, segments: Sequence[Segment]) -> None:

@@ -9,6 +9,7 @@ the Spark reader.
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -138,7 +139,7 @@ def _check_parquet_columns(segment: Segment) -> int:
     try:
         parquet = pq.ParquetFile(segment.path)
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise ArchiveError(segment.path, f"not a readable Parquet file: {exc}") from None
+        raise ArchiveError(segment.path, f"not a readable Parquet file: {' '.join(str(exc).split())}") from None
     schema = parquet.schema_arrow
     missing = [name for name in contract.RECORD_FIELDS if name not in schema.names and name != "parent_xid"]
     if missing:
@@ -158,14 +159,31 @@ def verify_data(segment: Segment) -> None:
     if size != segment.bytes:
         raise ArchiveError(path, f"size is {size} bytes, the manifest says {segment.bytes}")
     newlines, last = 0, b"\n"
+    # JSON Lines must be UTF-8; Spark's reader would replace bad bytes with U+FFFD and
+    # carry on, so the bytes are checked in the same pass as the digest, where the error
+    # can name the line.
+    text = codecs.getincrementaldecoder("utf-8")() if segment.format == "jsonl" else None
+    bad_text: int | None = None
 
-    def count_lines(chunk: bytes) -> None:  # the same pass counts the records of a JSON-lines segment
-        nonlocal newlines, last
+    def each_chunk(chunk: bytes) -> None:  # the same pass counts the records of a JSON-lines segment
+        nonlocal newlines, last, bad_text
+        if text is not None and bad_text is None:
+            try:
+                text.decode(chunk)
+            except UnicodeDecodeError as exc:
+                bad_text = newlines + chunk.count(b"\n", 0, exc.start)
         newlines += chunk.count(b"\n")
         last = chunk[-1:]
-    digest = file_sha256(path, each_chunk=count_lines)
+    digest = file_sha256(path, each_chunk=each_chunk)
+    if text is not None and bad_text is None:
+        try:
+            text.decode(b"", final=True)
+        except UnicodeDecodeError:
+            bad_text = newlines - (1 if last == b"\n" else 0)
     if digest != segment.sha256:
         raise ArchiveError(path, f"sha256 is {digest}, the manifest says {segment.sha256}")
+    if bad_text is not None:
+        raise ArchiveError(path, f"line {bad_text + 1} is not valid UTF-8", rba=bad_text)
     if segment.format == "parquet":
         records = _check_parquet_columns(segment)
     else:

@@ -120,6 +120,10 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
         "thread", "txid", F.col("end.sequence").alias("end_sequence"), F.col("end.rba").alias("end_rba"),
         F.col("end.op").alias("end_op"))
     broken_subs = subs.where(F.col("last") > F.col("rolled_back_at")).select("thread", "xid", "rolled_back_at")
+    # A parent_xid naming a subtransaction would make that subtransaction a transaction
+    # of its own that never ends (an open transaction pinning recovery and retention).
+    sub_xids = subs.select("thread", F.col("xid").alias("txid"))
+    nested = r.where(F.col("parent_xid").isNotNull()).join(sub_xids, ["thread", "txid"], "left_semi")
 
     def violations() -> DataFrame:
         """The offending records themselves; only computed when a check above fails."""
@@ -132,7 +136,10 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
         after_rollback = (r.join(broken_subs, ["thread", "xid"]).where(position > F.col("rolled_back_at"))
                           .select("thread", "sequence", "rba", "file", F.format_string(
                               "record of subtransaction %s after its ROLLBACK", "xid").alias("message")))
-        return after_end.unionByName(after_rollback)
+        nested_parent = nested.select("thread", "sequence", "rba", "file", F.format_string(
+            "parent_xid %s of %s names a subtransaction, not a top-level transaction", "parent_xid", "xid")
+            .alias("message"))
+        return after_end.unionByName(after_rollback).unionByName(nested_parent)
 
     sub_rollbacks = subs.where(F.col("rolled_back_at").isNotNull()).select("thread", "xid")
     written = txns.where(F.col("fate") == WRITE).select(
@@ -157,4 +164,4 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
                  F.lit(log_bsn.value).cast("long").alias("log_bsn"))
              .orderBy(*TRAIL_ORDER))
     return Assembly(trail=trail, transactions=txns, broken=broken_txns.select("thread").unionByName(
-        broken_subs.select("thread")), violations=violations)
+        broken_subs.select("thread")).unionByName(nested.select("thread")), violations=violations)

@@ -175,6 +175,9 @@ class _Run:
         self._commit(row, remote, last_csn)
 
     def _local_copy(self, row: dict) -> Path:
+        if not self.source_fs.exists(row["path"]):
+            raise TrailError(row["path"], f"listed as committed (seqno {row['seqno']}) but not there; "
+                                          "nothing was shipped", rba=0)
         if trailfs.is_local(row["path"]):
             return trailfs.local_path(row["path"])
         local = self.staging / f"source{row['seqno']:09d}"
@@ -189,9 +192,9 @@ class _Run:
             self.remote_fs.delete(temporary)
             if self.patterns is None and (source := file_sha256(local)) != expected:
                 raise TrailError(row["path"], f"file checksum {source} does not match the recorded {expected}: "
-                                                     "the source trail file is damaged; nothing was shipped")
+                                              "the source trail file is damaged; nothing was shipped", rba=0)
             raise TrailError(target, f"the copy's checksum {actual} does not match {expected}, the file "
-                                            "shipped: the copy is damaged; nothing was committed")
+                                     "shipped: the copy is damaged; nothing was committed", rba=0)
         crashpoint("before_rename")
         self.remote_fs.rename(temporary, target)
         crashpoint("after_copy")

@@ -70,10 +70,16 @@ def group_lock(store: MetadataStore, group: str) -> GroupLock:
 
 
 def hold_target(connection, group: str) -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"trailbound {lock_key('replicat', group)}",))
-        got = cur.fetchone()[0]
-    connection.commit()
+    # A few tries: the session of a run that has just ended keeps its lock until its
+    # server process has exited, which may be a moment after the client closed it.
+    for attempt in range(20):
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"trailbound {lock_key('replicat', group)}",))
+            got = cur.fetchone()[0]
+        connection.commit()
+        if got:
+            return
+        time.sleep(0.1)
     if not got:
         raise GroupBusy(f"replicat {group} is applying to this target from another process")
 
@@ -132,11 +138,15 @@ def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple
 
 def _read(file: TrailFile, fs) -> pa.Table:
     if not fs.exists(file.path):
-        raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}")
+        raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}",
+                         rba=0)
     remote = fs is not trailfs.LOCAL
-    table = trails.read_file(file.path, fs=fs if remote else None, sha256=file.sha256 if remote else None)
+    # The whole file's SHA-256 as committed, local or not: a file rewritten so that it is
+    # consistent with its own footer is still not the file capture committed.
+    table = trails.read_file(file.path, fs=fs if remote else None, sha256=file.sha256)
     if len(table) != file.records:
-        raise TrailError(file.path, f"holds {len(table)} records; the trail lists {file.records}")
+        raise TrailError(file.path, f"holds {len(table)} records; the trail lists {file.records}",
+                         rba=min(len(table), file.records))
     return table
 
 

@@ -20,7 +20,7 @@ from trailbound.archive.contract import split_table_name
 from trailbound.archive.segments import TableDef
 from trailbound.config import Config, MapRule
 from trailbound.errors import TrailboundError
-from trailbound.metadata import dsn_from_env, redact
+from trailbound.metadata import connection_error, dsn_from_env
 
 IDENTITY = (MapRule(source="*.*", target="*.*"),)
 # A defs.json type that may be written into DDL as it is: a type name, optional modifiers,
@@ -33,8 +33,8 @@ def connect(config: Config, dsn: str | None = None):
     dsn = dsn or dsn_from_env(config.target.dsn_env)
     try:
         connection = psycopg2.connect(dsn, application_name="trailbound replicat", client_encoding="UTF8")
-    except psycopg2.OperationalError as exc:
-        raise TrailboundError(f"cannot connect to the target {redact(dsn)}: {str(exc).strip()}") from None
+    except psycopg2.Error as exc:
+        raise connection_error("the target", dsn, exc) from None
     return connection
 
 

@@ -181,10 +181,21 @@ def read_metadata(path: Path, *, source=None) -> dict:
     try:
         metadata = pq.read_schema(path if source is None else pa.BufferReader(source)).metadata or {}
     except (OSError, pa.ArrowInvalid) as exc:
-        raise TrailError(path, f"not a readable trail file: {exc}") from None
+        raise TrailError(path, f"not a readable trail file: {_one_line(exc)}", rba=0) from None
     if _METADATA_KEY not in metadata:
-        raise TrailError(path, "not a trailbound trail file (no trail metadata)")
-    return json.loads(metadata[_METADATA_KEY])
+        raise TrailError(path, "not a trailbound trail file (no trail metadata)", rba=0)
+    try:
+        meta = json.loads(metadata[_METADATA_KEY])
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or not all(key in meta for key in ("records", "content_sha256", "seqno")):
+        raise TrailError(path, "its trail metadata is not readable", rba=0)
+    return meta
+
+
+def _one_line(exc: Exception) -> str:
+    """A library's error text on one line: the command line prints one ERROR line."""
+    return " ".join(str(exc).split())
 
 
 def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | None = None) -> pa.Table:
@@ -201,20 +212,33 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
         source = (fs or trailfs.LOCAL).read_bytes(str(path))
         if sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:
             raise TrailError(path, f"file checksum {actual} does not match the recorded {sha256}: "
-                                   "the file is damaged or is not the one that was committed")
+                                   "the file is damaged or is not the one that was committed", rba=0)
     meta = read_metadata(path, source=source)
     if meta.get("format_version") != FORMAT_VERSION:
-        raise TrailError(path, f"trail format version {meta.get('format_version')} is not {FORMAT_VERSION}")
+        raise TrailError(path, f"trail format version {meta.get('format_version')} is not {FORMAT_VERSION}", rba=0)
+    name = str(path).rsplit("/", 1)[-1]
+    seqno = name[-9:]
+    # A pump's unfiltered copy keeps the source trail's footer, so only a file under its
+    # own trail's name can be told to be in the wrong place.
+    if seqno.isdigit() and name[:-9] == meta.get("trail") and meta["seqno"] != int(seqno):
+        raise TrailError(path, f"its footer says trail seqno {meta['seqno']}, its name {int(seqno)}: a file copied "
+                               "or renamed into the wrong place", rba=0)
     try:
         table = pq.read_table(path if source is None else pa.BufferReader(source),
                               page_checksum_verification=True).replace_schema_metadata(None)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise TrailError(path, f"damaged trail file: {exc}") from None
+        raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=0) from None
     if verify:
         if len(table) != meta["records"]:
-            raise TrailError(path, f"holds {len(table)} records, its metadata says {meta['records']}")
+            raise TrailError(path, f"holds {len(table)} records, its metadata says {meta['records']}",
+                             rba=min(len(table), meta["records"]))
         if _content_digest(table) != meta["content_sha256"]:
-            raise TrailError(path, "content checksum does not match its metadata")
+            raise TrailError(path, "content checksum does not match its metadata", rba=0)
+        rbas = table.column("rba").to_numpy(zero_copy_only=False)
+        wrong = np.flatnonzero(rbas != np.arange(len(rbas)))
+        if len(wrong):
+            raise TrailError(path, f"record {int(wrong[0])} carries rba {rbas[wrong[0]]}: rbas must count from 0 "
+                                   "without a gap", rba=int(wrong[0]))
     return table
 
 
