@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from psycopg2 import sql
 
 from capture_kit import at, committed_trail, state, transactions
 from retention_kit import (HOUR, back_up, catalog_rows, expected_transactions, files_on_disk, hourly_archive, hours,
@@ -228,7 +229,8 @@ def snapshot(store, tmp_path: Path) -> dict:
                              ("extract_write_checkpoint", "group_name"), ("open_transaction", "group_name, xid"),
                              ("extract_run", "run_id"), ("trail_file", "trail, seqno"), ("br_checkpoint",
                                                                                            "checkpoint_id")):
-            cur.execute(f"SELECT * FROM trailbound.{table} ORDER BY {order}")
+            cur.execute(sql.SQL("SELECT * FROM trailbound.{} ORDER BY {}").format(
+                sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in order.split(", "))))
             tables[table] = cur.fetchall()
     trail_dir = tmp_path / "dirdat"
     tables["archive files"] = files_on_disk(tmp_path / "archive")

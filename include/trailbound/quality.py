@@ -154,13 +154,14 @@ def validate_replica(config, store, group: str) -> QualityReport:
 
     from trailbound.archive.segments import load_defs
     from trailbound.replicat import checkpoints, expected
+    from trailbound.trail import catalog
     from trailbound.replicat.target import connect, map_name
 
     replicat = config.replicat(group)
     source = config.source(replicat.source)
     with store.transaction() as cur:
         state = checkpoints.load(cur, group)
-        rows = checkpoints.committed_files(cur, state.exttrail, 1) if state else []
+        rows = catalog.committed_files(cur, state.exttrail, 1) if state else []
     if state is None or state.checkpoint.log_csn is None:
         return QualityReport(True, f"replicat {group} has applied nothing yet: nothing to compare")
     applied = state.checkpoint.log_csn

@@ -1,1 +1,15 @@
-"""Capture (Extract): transaction assembly, the commit-ordered trail, checkpoints."""
+"""Capture (Extract): read the redo archive, assemble transactions, write the trail in
+commit order, and commit the checkpoints.
+
+`run.py` is one run; `assemble.py` the Spark transform (group by transaction, resolve
+savepoints, order by CSN, transaction indicators); `recovery.py` the recovery rules
+(restart point, required SCN, the Bounded Recovery plan) that the run, INFO and
+retention share; `bounded.py` Bounded Recovery's persisted files; `checkpoints.py` the
+metadata store's side (read, write and BR checkpoints, open transactions, run history);
+`begin.py` BEGIN points; `directives.py` SKIPTRANS/FORCETRANS/BRRESET; `info.py` INFO
+EXTRACT and SHOWTRANS. See docs/capture.md and docs/bounded-recovery.md.
+
+Capture reads the archive through `trailbound.archive` and writes trails through
+`trailbound.trail`; it never imports pump, replicat or a source. The command line, the
+jobs, retention (`recovery`, `checkpoints`), `quality.py` and tests import it.
+"""

@@ -15,7 +15,6 @@ Given the records a run reads and what earlier runs decided, it:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
@@ -26,6 +25,7 @@ from pyspark.sql import types as T
 
 from trailbound.archive import contract
 from trailbound.positions import TRAIL_ORDER, Csn, Scn, csn_at_or_below
+from trailbound.tables import java_regex
 from trailbound.trail.format import BEGIN, END, MIDDLE, WHOLE
 
 OPEN, WRITE, SKIP, DONE_EARLIER, ROLLED_BACK, ALREADY_WRITTEN = (
@@ -33,16 +33,6 @@ OPEN, WRITE, SKIP, DONE_EARLIER, ROLLED_BACK, ALREADY_WRITTEN = (
 
 _SKIPS = T.StructType([T.StructField("thread", T.IntegerType()), T.StructField("txid", T.StringType()),
                        T.StructField("skip_reason", T.StringType())])
-
-
-def table_regex(patterns: list[str]) -> str:
-    """TABLE patterns (`shop.*`, `hr.emp?`) as one Java regex matching whole names.
-    Everything but * and ? is literal, so names with dots, quotes or brackets are safe."""
-    def one(pattern: str) -> str:
-        parts = re.split(r"([*?])", pattern)
-        return "".join(".*" if p == "*" else "." if p == "?" else
-                       ("\\Q" + p.replace("\\E", "\\E\\\\E\\Q") + "\\E" if p else "") for p in parts)
-    return "^(?:" + "|".join(one(p) for p in patterns) + ")$"
 
 
 @dataclass(frozen=True)
@@ -147,7 +137,7 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("thread")).cast("int").alias("csn_thread"),
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("end.sequence")).alias("csn_sequence"),
         F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
-    kept = (r.where(F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(table_regex(tables)))
+    kept = (r.where(F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(java_regex(tables)))
             .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti")
             .join(written, ["thread", "txid"]))
     in_txn = Window.partitionBy("thread", "txid")

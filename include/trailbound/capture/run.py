@@ -33,7 +33,7 @@ from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.config import Config
 from trailbound.crash import crashpoint
-from trailbound.errors import ArchiveError, TrailboundError
+from trailbound.errors import ArchiveError, changed_since_added
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, LogPosition, Scn, TrailPosition
@@ -108,10 +108,9 @@ def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | 
         state = ckpt.load(cur, name)
     if state is not None:
         if (state.source, state.exttrail) != (source, exttrail):
-            raise TrailboundError(
-                f"extract {name} was added reading source {state.source} into trail {state.exttrail}; the "
-                f"configuration now says source {source}, trail {exttrail}. Restore the configuration, or "
-                f"`trailbound delete extract {name}` and add it again")
+            raise changed_since_added(f"extract {name}", f"reading source {state.source} into trail {state.exttrail}",
+                                      f"source {source}, trail {exttrail}",
+                                      f"`trailbound delete extract {name}` and add it again")
         return state
     catalog = ArchiveCatalog(store, source)
     spec = begin or extract.begin

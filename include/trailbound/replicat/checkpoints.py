@@ -14,7 +14,6 @@ from datetime import datetime
 from trailbound.metadata import load_group_row
 from trailbound.positions import Csn, TrailPosition
 from trailbound.trail import catalog
-from trailbound.trail.catalog import committed_files  # noqa: F401  (quality.py reads it here until it imports the catalog)
 
 READER_KIND = "replicat"
 
