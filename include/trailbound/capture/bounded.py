@@ -79,6 +79,8 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
+    from trailbound.archive.reader import RECORD_COLUMNS
+
     if not keys:
         return {}
     directory.mkdir(parents=True, exist_ok=True)
