@@ -153,3 +153,34 @@ def spark():
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The crash matrix (tests/test_crash_matrix.py, docs/reliability.md): crash points x
+    seeds, each cell's divergence count, then the totals. Each seed's test hands its row
+    over as a user property, which pytest-xdist carries back from the workers."""
+    import json
+
+    seeds = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, value in getattr(report, "user_properties", ()) or ():
+                if name == "crash_matrix":
+                    row = json.loads(value)
+                    seeds[row["seed"]] = row
+    if not seeds:
+        return
+    ordered = [seeds[s] for s in sorted(seeds)]
+    cells = list(dict.fromkeys(c for row in ordered for c in row["cells"]))
+    width = max(len(c) for c in cells) + 2
+    write = terminalreporter.write_line
+    terminalreporter.section("crash matrix: divergences per crash point and seed")
+    write("crash point".ljust(width) + "".join(f"seed {row['seed']:<6}" for row in ordered))
+    for cell in cells:
+        write(cell.ljust(width) + "".join(f"{row['cells'].get(cell, '-')!s:<11}" for row in ordered))
+    for total in ordered[0]["totals"]:
+        write(total.ljust(width) + "".join(f"{row['totals'].get(total, '-')!s:<11}" for row in ordered))
+    for point, where in ordered[0].get("elsewhere", {}).items():
+        write(f"{point}: covered in {where}")
+    write(f"{len(cells)} cells x {len(ordered)} seeds; divergences in all: "
+          f"{sum(sum(row['cells'].values()) for row in ordered)}")

@@ -97,10 +97,23 @@ class MetadataStore:
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg2.extras.RealDictCursor]:
-        """One metadata transaction: everything in the block commits together or not at all."""
-        with self.connection:  # commits on success, rolls back on any exception
-            with self.connection.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
-                yield cursor
+        """One metadata transaction: everything in the block commits together or not at all.
+        A connection the server dropped (a restart, pg_terminate_backend, a network cut)
+        ends the run with one error saying so, not a driver traceback; nothing of the
+        transaction committed, so a re-run starts from the last committed checkpoint."""
+        try:
+            with self.connection:  # commits on success, rolls back on any exception
+                with self.connection.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
+                    yield cursor
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            if not self.connection.closed:
+                raise
+            # The rollback on the way out fails too ("connection already closed"): the
+            # server's own reason is in the error that started it.
+            cause = exc.__context__ if isinstance(exc.__context__, psycopg2.OperationalError) else exc
+            reason = " ".join(str(cause).split()) or type(cause).__name__
+            raise TrailboundError(f"lost the connection to the metadata store: {reason}; nothing of the "
+                                  "interrupted step was committed, run again") from None
 
     def applied_migrations(self) -> list[int]:
         with self.transaction() as cur:

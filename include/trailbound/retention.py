@@ -46,7 +46,7 @@ from trailbound.positions import Scn
 
 log = logging.getLogger(__name__)
 
-CRASH_POINTS = ("retention_after_delete",)
+CRASH_POINTS = ("retention_mid_purge", "retention_after_delete")
 
 
 # ---------------------------------------------------------------- the policy (pure)
@@ -516,7 +516,9 @@ def _run_source(store: MetadataStore, config: Config, source: str, dry_run: bool
                         " concat_ws('; ', needs_restore, %s::text) WHERE group_name = %s", (text, group))
         # Files last, inside the transaction: if this dies before the commit, the rows stay
         # available with their files (partly) gone and the next run purges them again.
-        for d in plan.purged:
+        for number, d in enumerate(plan.purged):
+            if number:
+                crashpoint("retention_mid_purge")  # some segments deleted, nothing committed
             _delete(d.segment)
         crashpoint("retention_after_delete")
     if outcome.alert:

@@ -88,9 +88,9 @@ def recorded_run(store: MetadataStore, kind: str, group: str, command: str) -> I
 def _finish_quietly(recorder: _Recorder, outcome: str, error: str) -> None:
     """Recording must not hide the run's own error: a store that went away with the run
     leaves the row open (status then says the run ended without a word)."""
+    if recorder.store.connection.closed:
+        return  # the run's own error says the store went away; a warning would only repeat it
     try:
-        if recorder.store.connection.closed:
-            raise TrailboundError("the metadata store connection is closed")
         recorder.finish(outcome, error)
     except Exception as exc:  # noqa: BLE001 - the run's error is the one to report
         print(f"WARNING the outcome of run {recorder.run_id} was not recorded: {exc}", file=sys.stderr)

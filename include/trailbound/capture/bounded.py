@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trailbound.capture import checkpoints as ckpt
+from trailbound.crash import crashpoint
 from trailbound.durable import atomic_write, file_sha256
 from trailbound.positions import LogPosition, Scn
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 # retention use this module's names and checks and should not start up Spark's modules.
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+CRASH_POINTS = ("mid_br_persist",)
 
 
 def group_directory(brdir: Path, group: str) -> Path:
@@ -91,6 +94,8 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
              .select("txid", *RECORD_COLUMNS).toArrow())
     persisted = {}
     for thread, txid in keys:
+        if persisted:
+            crashpoint("mid_br_persist")  # some files of this checkpoint written, not all
         mask = pc.and_(pc.equal(table["thread"], pa.scalar(thread, table["thread"].type)),
                        pc.equal(table["txid"], txid))
         rows = table.filter(mask).drop_columns(["txid"])

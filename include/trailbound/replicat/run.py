@@ -301,7 +301,7 @@ class _Run:
             first = chunk.transaction(group.txns[0])[0]
             raise TrailboundError(f"target error applying the group from {chunk.path_of(first['seqno'])} rba "
                                   f"{first['rba']} (CSN {Csn.from_row(first)} to {group.log_csn}): "
-                                  f"{(exc.pgerror or str(exc)).strip()}") from None
+                                  f"{' '.join((exc.pgerror or str(exc)).split())}") from None  # one line
         except BaseException:
             self._rollback_quietly()
             raise

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from trailbound.config import Config
+from trailbound.crash import crashpoint
 from trailbound.metadata import MetadataStore
 from trailbound.positions import TrailPosition
 from trailbound.trail import catalog
 from trailbound.trail import fs as trailfs
+
+CRASH_POINTS = ("mid_purge",)
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,9 @@ def purge_trails(store: MetadataStore, config: Config, *, spark=None, dry_run: b
                 continue
             fs = trailfs.for_location(trail, spark)
             positions = json.dumps([r.as_json() for r in readers])
-            for verdict in outcome.purged:
+            for number, verdict in enumerate(outcome.purged):
+                if number:
+                    crashpoint("mid_purge")  # some files deleted, nothing committed
                 # The file first: a crash after it leaves a row whose file is gone, which the
                 # next purge marks; the other order could leave a file nothing tracks.
                 if not fs.delete(verdict.path):

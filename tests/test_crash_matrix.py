@@ -1,0 +1,407 @@
+"""The crash matrix (issue 18 item 1, docs/reliability.md): every named crash point of
+every stage, x 3 simulator seeds, compared with a run that was never killed.
+
+One test per seed (so pytest-xdist spreads them) drives two homes through the same
+rounds: the baseline, never killed, and the crashed one. A round is capture (until a log
+time), pump, replicat, trail purge and retention. In the crashed home each stage is
+first killed (`kill -9`, exit 137, a `trailbound` subprocess with TRAILBOUND_CRASH_AT)
+at one crash point, run again and killed at a second, and, for some, run a third time in
+process while the metadata store or the target drops its connection (pg_terminate_backend
+from another session): that run must stop with one clean error line (exit 1). Then the
+stage runs to the end in process and the round's state is compared with the baseline's
+same round: the local and remote trail records in order, the target's rows, the checkpoint
+table row (equal to the last CSN of the remote trail), the purged trail files and
+archive segments. Every cell's divergence count goes into the matrix that
+`pytest_terminal_summary` (tests/conftest.py) prints at the end; any divergence fails.
+
+Cost: only the crashing invocations are subprocesses (the JVM starts only for capture
+and replicat ones); everything else runs on the shared `spark` fixture. Two crashes per
+stage and round keep the rounds (and the baseline's runs) to three.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+from psycopg2 import sql
+
+from replicat_kit import checkpoint_row, differences
+from trailbound import cli
+from trailbound import config as configuration
+from trailbound import retention
+from trailbound.archive.contract import split_table_name
+from trailbound.archive.segments import load_defs
+from trailbound.capture import bounded
+from trailbound.capture.run import CRASH_POINTS as CAPTURE_POINTS
+from trailbound.capture.run import run_extract
+from trailbound.crash import CRASH_ENV
+from trailbound.metadata import MetadataStore
+from trailbound.positions import Csn
+from trailbound.pump.run import CRASH_POINTS as PUMP_POINTS
+from trailbound.pump.run import run_pump
+from trailbound.replicat import target as tgt
+from trailbound.replicat.run import CRASH_POINTS as REPLICAT_POINTS
+from trailbound.replicat.run import run_replicat
+from trailbound.trail import format as trail
+from trailbound.trail import fs as trailfs
+from trailbound.trail import purge as trailpurge
+from trailbound.trail.purge import CRASH_POINTS as PURGE_POINTS
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+SEEDS = (11, 23, 37)
+START = datetime(2026, 11, 1, tzinfo=timezone.utc)
+HOURS = 6
+# Round r reads the log archived by UNTIL[r] hours (None: all of it).
+UNTIL = (1.5, None)
+
+# What each round kills, per stage, in order: (stage, crash point), or a connection drop
+# (stage, "drop:<metadata|target>@<the crash point where it happens>"). A kill that
+# commits (after_checkpoint_commit, after_file_commit) comes last: the next run of the
+# round has nothing left to do; the others die before their commit, so the next kill in
+# the same round dies in a run that recovers from the previous one.
+PLAN = {
+    0: [("extract", "mid_br_persist"), ("extract", "before_trail_write"), ("extract", "after_checkpoint_commit"),
+        ("pump", "mid_copy"), ("pump", "before_rename"), ("pump", "drop:metadata@after_copy"),
+        ("replicat", "mid_copy"), ("replicat", "after_target_commit"), ("replicat", "drop:target@before_target_commit"),
+        ("purge", "mid_purge"), ("retention", "retention_mid_purge")],
+    1: [("extract", "after_br_persist"), ("extract", "mid_trail_write"), ("extract", "after_trail_write"),
+        ("extract", "drop:metadata@after_trail_write"),
+        ("pump", "after_copy"), ("pump", "after_file_commit"),
+        ("replicat", "before_target_commit"), ("replicat", "between_groups"),
+        ("replicat", "drop:metadata@after_target_commit"),
+        ("purge", "mid_purge"), ("retention", "retention_after_delete")],
+}
+STAGES = ("extract", "pump", "replicat", "purge", "retention")
+# Crash points covered elsewhere, listed in the matrix for completeness.
+ELSEWHERE = {"after_segment_before_manifest": "tests/test_pg_source.py (PostgreSQL miner)",
+             "after_manifest_before_confirm": "tests/test_pg_source.py (PostgreSQL miner)"}
+
+
+def test_the_plan_names_every_crash_point():
+    planned = {(stage, point) for cells in PLAN.values() for stage, point in cells if not point.startswith("drop:")}
+    every = ({("extract", p) for p in (*CAPTURE_POINTS, *bounded.CRASH_POINTS)} | {("pump", p) for p in PUMP_POINTS}
+             | {("replicat", p) for p in REPLICAT_POINTS} | {("purge", p) for p in PURGE_POINTS}
+             | {("retention", p) for p in retention.CRASH_POINTS})
+    assert planned == every
+
+
+def _config_text(home: Path) -> str:
+    return f"""home: {home}
+sources:
+  SRC:
+    altarchivelogdest: archive
+extracts:
+  EXT1:
+    source: SRC
+    exttrail: dirdat/lt
+    table: ["shop.*", "hr.*"]
+    megabytes: 0.05
+    interval: 20m
+    br:
+      brdir: brfiles
+      brinterval: 20m
+pumps:
+  PMP1: {{exttrail: dirdat/lt, rmttrail: dirrmt/rt}}
+replicats:
+  REP1: {{exttrail: dirrmt/rt, source: SRC, grouptransops: 40}}
+purgeoldextracts: {{minkeephours: 0, minkeepfiles: 1}}
+retention:
+  minkeephours: 0
+"""
+
+
+@dataclass
+class Home:
+    """One pipeline: its directory, metadata store and target, and what was read of its
+    trails so far (files are purged as the rounds go, so they are read as they commit)."""
+
+    directory: Path
+    metadata_dsn: str
+    target_dsn: str
+    config_path: Path = field(init=False)
+    config: configuration.Config = field(init=False)
+    seen: dict[str, list] = field(default_factory=lambda: {"local": [], "remote": []})
+    read_through: dict[str, int] = field(default_factory=lambda: {"local": 0, "remote": 0})
+
+    def __post_init__(self):
+        self.config_path = self.directory / "trailbound.yaml"
+        self.config_path.write_text(_config_text(self.directory))
+        self.config = configuration.load(self.config_path)
+
+    def store(self) -> MetadataStore:
+        return MetadataStore.open(self.metadata_dsn)
+
+    def trail_key(self, which: str) -> str:
+        return self.config.trail_location("dirdat/lt" if which == "local" else "dirrmt/rt")
+
+    def run(self, spark, stage: str, until: datetime | None) -> None:
+        with self.store() as store:
+            if stage == "extract":
+                run_extract(spark, store, self.config, "EXT1", until=until)
+            elif stage == "pump":
+                run_pump(None, store, self.config, "PMP1")
+            elif stage == "replicat":
+                run_replicat(spark, store, self.config, "REP1", target_dsn=self.target_dsn)
+            elif stage == "purge":
+                trailpurge.purge_trails(store, self.config)
+            else:
+                retention.run_retention(store, self.config)
+
+    def argv(self, stage: str, until: datetime | None) -> list[str]:
+        words = {"extract": ["extract", "run", "EXT1"], "pump": ["pump", "run", "PMP1"],
+                 "replicat": ["replicat", "run", "REP1"], "purge": ["purge", "trails"],
+                 "retention": ["retention", "run"]}[stage]
+        if stage == "extract" and until is not None:
+            words += ["--until", until.strftime("%Y-%m-%dT%H:%M:%S")]
+        return ["--config", str(self.config_path), *words]
+
+    def env(self) -> dict[str, str]:
+        return {"TRAILBOUND_METADATA_DSN": self.metadata_dsn, "TRAILBOUND_TARGET_DSN": self.target_dsn}
+
+    def read_new_trail_records(self) -> None:
+        with self.store() as store, store.transaction() as cur:
+            for which in ("local", "remote"):
+                cur.execute("SELECT seqno, path, sha256 FROM trailbound.trail_file WHERE trail = %s AND seqno > %s"
+                            " ORDER BY seqno", (self.trail_key(which), self.read_through[which]))
+                for row in cur.fetchall():
+                    records = trail.read_file(row["path"], fs=trailfs.for_location(row["path"], None),
+                                              sha256=row["sha256"]).to_pylist()
+                    self.seen[which] += [(row["seqno"], *(r[c] for c in trail.COLUMNS)) for r in records]
+                    self.read_through[which] = row["seqno"]
+
+    def snapshot(self, truth: dict) -> dict:
+        """What a round is compared on."""
+        self.read_new_trail_records()
+        rows = {}
+        with psycopg2.connect(self.target_dsn) as connection, connection.cursor() as cur:
+            for name in truth["tables"]:
+                cur.execute(sql.SQL("SELECT t::text FROM {} t").format(sql.Identifier(*split_table_name(name))))
+                rows[name] = sorted(r[0] for r in cur.fetchall())
+        with self.store() as store, store.transaction() as cur:
+            cur.execute("SELECT trail, seqno FROM trailbound.trail_file WHERE purged_at IS NOT NULL ORDER BY 1, 2")
+            purged_files = [(r["trail"].rsplit("/", 1)[-1], r["seqno"]) for r in cur.fetchall()]
+            cur.execute("SELECT thread, sequence FROM trailbound.archive_segment WHERE state = 'purged' ORDER BY 1, 2")
+            purged_segments = [(r["thread"], r["sequence"]) for r in cur.fetchall()]
+        row = checkpoint_row(self.target_dsn)
+        return {"local": list(self.seen["local"]), "remote": list(self.seen["remote"]), "rows": rows,
+                "checkpoint": (row["seqno"], row["rba"], row["log_csn"]) if row else None,
+                "purged_files": purged_files, "purged_segments": purged_segments}
+
+
+def _create_database(pg_server_dsn: str, name: str) -> str:
+    admin = psycopg2.connect(pg_server_dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    admin.close()
+    return psycopg2.extensions.make_dsn(pg_server_dsn, dbname=name)
+
+
+def _drop_database(pg_server_dsn: str, name: str) -> None:
+    admin = psycopg2.connect(pg_server_dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    admin.close()
+
+
+def _terminate(dsn: str) -> int:
+    """pg_terminate_backend for every other session on the database `dsn` names, from a
+    session of its own: what a restarted server or a network cut does to a run."""
+    dbname = psycopg2.extensions.parse_dsn(dsn)["dbname"]
+    with psycopg2.connect(dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,))
+        count = cur.fetchone()[0]
+    connection.close()
+    return count
+
+
+_CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.bounded"),
+                  "pump": ("trailbound.pump.run",), "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply")}
+
+
+def _drop_connection(home: Home, stage: str, spec: str, until, capsys, monkeypatch) -> list[str]:
+    """Run `stage` through the CLI in process; at crash point `point` the metadata store
+    or the target loses its connections. Returns what went wrong (empty: a clean error)."""
+    database, point = spec.removeprefix("drop:").split("@")
+    dropped = []
+
+    def hook(name: str) -> None:
+        if name == point and not dropped:
+            dropped.append(_terminate(home.metadata_dsn if database == "metadata" else home.target_dsn))
+
+    with monkeypatch.context() as patch:
+        for module in _CRASH_MODULES[stage]:
+            patch.setattr(f"{module}.crashpoint", hook)
+        for key, value in home.env().items():
+            patch.setenv(key, value)
+        capsys.readouterr()
+        status = cli.main(home.argv(stage, until))
+        out, err = capsys.readouterr()
+    problems = []
+    if not dropped or not dropped[0]:
+        problems.append(f"{spec}: the run never reached {point} or no session was there to drop")
+    if status != 1:
+        problems.append(f"{spec}: exit status {status}, not 1")
+    lines = err.strip().splitlines()
+    if len(lines) != 1 or not lines[0].startswith("ERROR "):
+        problems.append(f"{spec}: stderr is not one ERROR line: {err.strip()[-1500:]!r}")
+    return problems
+
+
+def _br_files(home: Home) -> set[Path]:
+    brdir = home.directory / "brfiles" / "EXT1"
+    return set(brdir.glob("*.parquet")) if brdir.is_dir() else set()
+
+
+def _crash(home: Home, stage: str, point: str, until) -> list[str]:
+    """Kill `stage` at `point` (a subprocess), and check that the cell means something."""
+    br_before = _br_files(home)
+    env = {**os.environ, **home.env(), CRASH_ENV: point}
+    crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", *home.argv(stage, until)], env=env,
+                             capture_output=True, text=True, timeout=600)
+    if crashed.returncode != 137:
+        return [f"{stage} {point}: exit status {crashed.returncode}, not 137 (the point was never reached): "
+                f"{crashed.stderr.strip()[-1500:]}"]
+    # The cells that need a particular state to mean anything: a BR cell must have written
+    # new BR files, a mid-write cell must have left a trail file past the checkpoint.
+    if point in ("mid_br_persist", "after_br_persist") and not _br_files(home) - br_before:
+        return [f"{stage} {point}: no BR file was written (the cell would repeat another)"]
+    if point == "mid_trail_write":
+        with home.store() as store, store.transaction() as cur:
+            cur.execute("SELECT coalesce(max(seqno), 0) AS n FROM trailbound.trail_file WHERE trail = %s",
+                        (home.trail_key("local"),))
+            last = cur.fetchone()["n"]
+        past = [p for p in trail.existing_files(Path(home.trail_key("local"))) if int(p.name[-9:]) > last]
+        if not past:
+            return [f"{stage} {point}: no uncommitted trail file was left"]
+    return []
+
+
+def _divergences(crashed: dict, baseline: dict) -> list[str]:
+    found = []
+    for which in ("local", "remote"):
+        a, b = crashed[which], baseline[which]
+        differing = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+        if differing:
+            found.append(f"{which} trail: {differing} record(s) differ ({len(a)} vs {len(b)} in the baseline)")
+    for table, rows in baseline["rows"].items():
+        mine = crashed["rows"][table]
+        extra, missing = sorted(set(mine) - set(rows)), sorted(set(rows) - set(mine))
+        extra += ["(duplicate)"] * (len(mine) - len(set(mine)))
+        if extra or missing:
+            found.append(f"target {table}: {len(extra)} extra, {len(missing)} missing row(s): {extra[:1]} {missing[:1]}")
+    for key in ("checkpoint", "purged_files", "purged_segments"):
+        if crashed[key] != baseline[key]:
+            found.append(f"{key}: {crashed[key]} vs {baseline[key]} in the baseline")
+    remote = crashed["remote"]
+    if remote and crashed["checkpoint"] is not None:
+        last_csn = str(Csn.from_row(dict(zip(("seqno", *trail.COLUMNS), remote[-1]))))
+        if crashed["checkpoint"][2] != last_csn:
+            found.append(f"checkpoint table log_csn {crashed['checkpoint'][2]} is not the last applied CSN {last_csn}")
+    return found
+
+
+def _transactions(records: list[tuple]) -> list[tuple[str, int]]:
+    """(xid, csn) of each transaction, in trail order."""
+    ind, xid, csn = trail.COLUMNS.index("trans_ind") + 1, trail.COLUMNS.index("xid") + 1, trail.COLUMNS.index("csn") + 1
+    return [(r[xid], r[csn]) for r in records if r[ind] in (trail.BEGIN, trail.WHOLE)]
+
+
+@pytest.mark.long_running(150)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_crash_matrix(seed, tmp_path, spark, pg_server_dsn, metadata_template, capsys, monkeypatch, record_property):
+    from trailbound.sources.simulator import simulate
+
+    source = tmp_path / "source"
+    simulate(source / "archive", source / "truth.json", seed=seed, records=3000, hours=HOURS, segment_minutes=30,
+             start=START)
+    truth = json.loads((source / "truth.json").read_text())
+    made = []
+    homes = {}
+    try:
+        for kind in ("baseline", "crashed"):
+            directory = tmp_path / kind
+            shutil.copytree(source / "archive", directory / "archive")
+            suffix = f"{os.getpid()}_{os.urandom(4).hex()}"
+            meta, target = f"tb_matrix_meta_{suffix}", f"tb_matrix_target_{suffix}"
+            admin = psycopg2.connect(pg_server_dsn)
+            admin.autocommit = True
+            with admin.cursor() as cur:
+                cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(meta),
+                                                                            sql.Identifier(metadata_template)))
+            admin.close()
+            made.append(meta)
+            target_dsn = _create_database(pg_server_dsn, target)
+            made.append(target)
+            home = homes[kind] = Home(directory, psycopg2.extensions.make_dsn(pg_server_dsn, dbname=meta), target_dsn)
+            connection = psycopg2.connect(target_dsn)
+            with connection, connection.cursor() as cur:
+                tgt.create_tables(cur, load_defs(home.config.archive_dir("SRC")), home.config.replicat("REP1").map)
+            connection.close()
+            with home.store() as store:
+                retention.register(store, home.config, "EXT1")
+        _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property)
+    finally:
+        for name in made:
+            _drop_database(pg_server_dsn, name)
+
+
+def _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property):
+    baseline, crashed = homes["baseline"], homes["crashed"]
+    cells: dict[str, list[str]] = {}   # "stage point" -> what went wrong
+    for number, until_hours in enumerate(UNTIL):
+        until = START + timedelta(hours=until_hours) if until_hours is not None else None
+        round_cells = []
+        for stage in STAGES:
+            baseline.run(spark, stage, until)
+            for kind, point in ((s, p) for s, p in PLAN[number] if s == stage):
+                cell = f"{stage} {point}"
+                round_cells.append(cell)
+                began = time.perf_counter()
+                if point.startswith("drop:"):
+                    cells[cell] = _drop_connection(crashed, stage, point, until, capsys, monkeypatch)
+                else:
+                    cells[cell] = _crash(crashed, stage, point, until)
+                print(f"seed {seed} round {number} {cell}: {time.perf_counter() - began:.1f} s {cells[cell]}",
+                      file=sys.__stderr__)
+            crashed.run(spark, stage, until)
+            if stage == "replicat":
+                # Before the purge: the trails' records are read as they commit.
+                baseline.read_new_trail_records()
+                crashed.read_new_trail_records()
+        found = _divergences(crashed.snapshot(truth), baseline.snapshot(truth))
+        for cell in round_cells:
+            cells[cell] = cells[cell] + found
+
+    final = crashed.snapshot(truth)
+    reference = baseline.snapshot(truth)
+    totals = {}
+    for which in ("local", "remote"):
+        mine, theirs = _transactions(final[which]), _transactions(reference[which])
+        totals[f"{which} duplicates"] = len(mine) - len(set(mine))
+        totals[f"{which} losses"] = len(set(theirs) - set(mine))
+    assert len(reference["remote"]) > 1000 and reference["purged_files"] and reference["purged_segments"], \
+        "the scenario moves real data and purges for real"
+    target_vs_truth = differences(crashed.target_dsn, truth)
+    baseline_vs_truth = differences(baseline.target_dsn, truth)
+    totals["target vs truth (extra + missing rows)"] = sum(e + m for e, m, _ in target_vs_truth.values())
+    totals["baseline vs truth"] = sum(e + m for e, m, _ in baseline_vs_truth.values())
+    record_property("crash_matrix", json.dumps({"seed": seed, "cells": {c: len(p) for c, p in cells.items()},
+                                                "totals": totals, "elsewhere": ELSEWHERE}))
+    problems = {c: p for c, p in cells.items() if p}
+    assert not problems, json.dumps(problems, indent=1, default=str)[:6000]
+    assert all(v == 0 for v in totals.values()), totals
