@@ -17,7 +17,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
-from trailbound.localpg import LocalServer
+from trailbound.devtools.localpg import LocalServer
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_ENV = "TRAILBOUND_TEST_SOURCE_DSN"
