@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             for dag_id in DAGS:
                 dag_test(dag_id, logical_date, env)
     finally:
-        os.killpg(bench.pid, signal.SIGINT)
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGINT)
         bench.wait(timeout=60)
     print("== pgbench stopped; a last round")
     time.sleep(1)
