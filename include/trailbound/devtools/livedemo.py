@@ -113,7 +113,7 @@ def dag_test(dag_id: str, logical_date: datetime, env: dict) -> None:
     print(f"  {logical_date:%H:%M:%S} {dag_id}: {state}")
     seen = []
     for match in SUMMARY.findall(output):
-        line = match.strip()[:160]
+        line = match.strip().splitlines()[0][:160]
         if line not in seen:
             seen.append(line)
             print(f"      {line}")
