@@ -42,10 +42,11 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
               PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
               AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 
-.PHONY: help install db browser demo demo-run demo-register test bench env clean distclean airflow dags
+.PHONY: help install db browser demo demo-live demo-run demo-register test bench env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
+	@echo "make demo-live the pipeline on a live PostgreSQL source (pgbench writing), through Airflow"
 	@echo "make test      set up, start a local PostgreSQL, run the whole test suite"
 	@echo "make bench     run the benchmarks and write their results under docs/benchmarks/"
 	@echo "make airflow   start airflow standalone (the UI on http://localhost:8080) with the DAGs loaded"
@@ -123,6 +124,12 @@ demo-register:
 	  $(MAKE) -s --no-print-directory demo-run DAG=control DATE=$(DATE) \
 	    CONF='{"command": "register_logretention", "group": "EXT1", "argument": ""}'
 
+# The live demo: a second local server (var/pg-source, wal_level=logical) is the source,
+# pgbench writes to it while Airflow runs capture (pulling first), pump and replicat;
+# then source and target are compared table by table. Always on the local servers.
+demo-live: $(STAMP) var/airflow/airflow.db
+	$(AIRFLOW_ENV) $(PYTHON) -m trailbound.devtools.livedemo
+
 # The console's UI test drives Debian's headless Chromium and its driver: installed here
 # when missing (as root, non-interactive; elsewhere install them yourself).
 browser:
@@ -150,6 +157,7 @@ airflow: db var/airflow/airflow.db
 
 clean:
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove $(PG_DIR)
+	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove var/pg-source
 	rm -rf var .pytest_cache spark-warehouse
 
 distclean: clean

@@ -11,6 +11,7 @@ import psycopg2
 import pytest
 
 from capture_kit import ins, load_config, new_archive, rec, write_config
+from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
 from trailbound import cli, runlog, status
 from trailbound.errors import TrailboundError
 
@@ -198,3 +199,32 @@ def test_logdump_bounds_and_a_closed_pipe_end_cleanly(tmp_path, spark, store, ca
     reader.stdout.close()
     error = reader.stderr.read().decode()
     assert reader.wait() == 141 and "Traceback" not in error and "BrokenPipe" not in error, error
+
+
+def test_the_view_shows_each_live_sources_slot_lag(tmp_path, store, source_dsn, monkeypatch):
+    from pg_source_kit import SOURCE_ENV, execute, write_config as write_pg_config
+    from trailbound_airflow.console import read_snapshot, render
+
+    execute(source_dsn, "CREATE TABLE public.items (id int PRIMARY KEY, note text)")
+    config_path = write_pg_config(tmp_path, tables=("public.items",))
+    monkeypatch.setenv(SOURCE_ENV, source_dsn)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "add", "source", "PG")) == 0
+    execute(source_dsn, "INSERT INTO public.items SELECT g, repeat('x', 100) FROM generate_series(1, 2000) g")
+    before, = read_snapshot(str(config_path)).sources
+    assert before.exists and before.lag_bytes > 100_000, "2,000 rows of WAL not archived yet"
+    assert before.last_segment is None and before.behind_seconds is None
+
+    assert cli.main(tb(config_path, "archive", "pull", "PG")) == 0
+    snap = read_snapshot(str(config_path))
+    after, = snap.sources
+    assert after.lag_bytes < before.lag_bytes // 10, "the pull archived it and confirmed the slot"
+    assert after.last_segment.records == 2001 and 0 <= after.behind_seconds < 120  # 2,000 INSERTs, a COMMIT
+    page = render(snap)
+    assert f"<td>PG</td><td>trailbound_pg</td><td>{after.confirmed}</td>" in page
+    assert f"<td class='lag'>{after.lag_bytes} bytes</td>" in page
+
+    monkeypatch.setenv(SOURCE_ENV, "postgresql://nobody@127.0.0.1:1/none")
+    down, = read_snapshot(str(config_path)).sources
+    assert down[0] == "PG" and "127.0.0.1" in down[1], "an unreachable source is named, the page still renders"
+    assert "not available" in render(read_snapshot(str(config_path)))

@@ -20,6 +20,7 @@ import psycopg2.extensions
 import pytest
 
 from capture_kit import T0, committed_trail, transactions
+from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
 from test_bounded_recovery import long_running_archive
 from trailbound import cli
 from trailbound import config as configuration
@@ -28,6 +29,7 @@ from trailbound.trail import format as trail
 from trailbound.capture import checkpoints as capture_checkpoints
 from trailbound.capture.run import run_extract
 from trailbound.metadata import MetadataStore
+from pg_source_kit import SOURCE_ENV, execute, slot_confirmed, write_config as write_pg_config
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -350,3 +352,48 @@ def test_a_backfill_over_three_intervals_gives_the_trail_of_three_scheduled_runs
             after = capture_checkpoints.load(cur, "EXT1")
     assert trail_contents(backfilled / "dirdat") == expected
     assert (after.write, after.read_scn) == (before.write, before.read_scn)
+
+
+@pytest.mark.pg
+@pytest.mark.long_running(120)
+def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_does_not_pull(
+        tmp_path, store, target_dsn, source_dsn, monkeypatch):
+    from datetime import UTC, datetime
+
+
+    execute(source_dsn, "CREATE TABLE public.items (id int PRIMARY KEY, note text)")
+    config_path = write_pg_config(tmp_path, tables=("public.items",))
+    monkeypatch.setenv(SOURCE_ENV, source_dsn)
+    assert cli.main(["--config", str(config_path), "add", "source", "PG"]) == 0
+    monkeypatch.delenv(SOURCE_ENV)
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    # The DAG's pull finds the source through its Airflow connection (conn_id), not the variable.
+    world.env.pop(SOURCE_ENV, None)
+    world.env["AIRFLOW_CONN_SOURCE_PG"] = as_uri(source_dsn)
+    execute(source_dsn, "INSERT INTO public.items SELECT g, 'n' || g FROM generate_series(1, 300) g",
+            "UPDATE public.items SET note = 'changed' WHERE id <= 50")
+
+    # The current interval ends after those commits (a whole second later: the logical date has no fraction).
+    now = (datetime.now(UTC) + timedelta(seconds=1)).replace(microsecond=0)
+    done = subprocess.run([str(VENV_BIN / "airflow"), "dags", "test", "capture_ext1", now.isoformat()],
+                          env=world.env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert "DagRun Finished" in output and "state=success" in output.split("DagRun Finished")[-1], output[-3000:]
+    assert "Source PG: pulled 350 change(s), 2 commit(s)" in output, output[-3000:]
+    records = committed_trail(store, world.config)
+    assert sorted(r["op"] for r in records if r["table"] == "public.items") == ["INSERT"] * 300 + ["UPDATE"] * 50, \
+        f"the run pulled the slot, then captured what it archived: {output[-3000:]}"
+    confirmed = slot_confirmed(source_dsn)
+    segments = sorted(path.name for path in (tmp_path / "archive").glob("arch_*"))
+
+    # A past interval (a backfill, a cleared old run) captures what is archived and does not
+    # read the live slot: the new change stays in the slot for the current run.
+    execute(source_dsn, "INSERT INTO public.items VALUES (1000, 'later')")
+    past = now - timedelta(hours=2)
+    done = subprocess.run([str(VENV_BIN / "airflow"), "dags", "test", "capture_ext1", past.isoformat()],
+                          env=world.env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert "state=success" in output.split("DagRun Finished")[-1], output[-3000:]
+    assert "only the current run pulls" in output
+    assert slot_confirmed(source_dsn) == confirmed
+    assert sorted(path.name for path in (tmp_path / "archive").glob("arch_*")) == segments

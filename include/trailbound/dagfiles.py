@@ -64,14 +64,19 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
     for name, extract in config.extracts.items():
         source = config.source_name(extract.source)
         trail = _trail(str(extract.exttrail))
+        live = config.sources[source].postgres is not None
+        pull_doc = ("First it pulls the PostgreSQL source's WAL into the archive through its slot\n"
+                    "(`trailbound archive pull`); only the current interval's run pulls, a backfill\n"
+                    "run skips the pull and captures what is archived.\n") if live else ""
         files[f"capture_{name.lower()}.py"] = _render(
             f"Capture {name}: source {source} into trail {trail}, every {extract.interval}.",
+            pull_doc +
             "Each run waits until the redo archive covers its data interval, runs one capture\n"
             "batch up to the interval's end (spark-submit jobs/extract.py --until), validates\n"
             "the new trail files with Great Expectations and publishes the trail as an Asset.\n"
             "Bounded Recovery checkpoints happen in the runs that cross a BR boundary.",
             "capture_dag", group=name, source=source, interval=extract.interval, start_date=start, trail=trail,
-            on_failure_callbacks=alerts)
+            **({"pull": True} if live else {}), on_failure_callbacks=alerts)
         files[f"longtrans_{name.lower()}.py"] = _render(
             f"Long-running transaction monitor for {name} (WARNLONGTRANS {extract.warnlongtrans.duration}).",
             "Waits in the triggerer (no worker slot) until capture has read past the data\n"

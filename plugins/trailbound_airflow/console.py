@@ -69,6 +69,7 @@ class Snapshot:
     lags: dict = field(default_factory=dict)            # (program, group) -> [LagPoint]
     dags: dict = field(default_factory=dict)            # (program, group) -> dag ids behind it
     warnlongtrans: dict = field(default_factory=dict)   # extract -> its WARNLONGTRANS
+    sources: list = field(default_factory=list)         # live PostgreSQL sources: SlotLag, or (source, error)
 
 
 def metadata_dsn(config) -> str:
@@ -81,6 +82,32 @@ def metadata_dsn(config) -> str:
 
     uri = Connection.get_connection_from_secrets(config.metadata.conn_id).get_uri()
     return "postgresql://" + uri.split("://", 1)[1] if "://" in uri else uri
+
+
+def source_dsn(pg) -> str | None:
+    """A live source's DSN: its variable, else its Airflow connection (`conn_id`)."""
+    dsn = os.environ.get(pg.dsn_env)
+    if dsn:
+        return dsn
+    from airflow.models.connection import Connection
+
+    uri = Connection.get_connection_from_secrets(pg.conn_id).get_uri()
+    return "postgresql://" + uri.split("://", 1)[1] if "://" in uri else uri
+
+
+def read_slot_lags(config) -> list:
+    """Each live PostgreSQL source's slot lag (`info source`), read from its server."""
+    from trailbound.sources.postgres.admin import slot_lag
+
+    found = []
+    for name, source in config.sources.items():
+        if source.postgres is None:
+            continue
+        try:
+            found.append(slot_lag(config, name, source_dsn(source.postgres)))
+        except Exception as exc:  # noqa: BLE001 - an unreachable source must not hide the page
+            found.append((name, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__))
+    return found
 
 
 def _describe(store, config, program: str, group: str) -> str:
@@ -156,6 +183,7 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
                     "warning": plan.over_limit()})
         except Exception as exc:  # noqa: BLE001 - shown in its section
             snap.retention.append({"source": "?", "error": str(exc)})
+    snap.sources = read_slot_lags(config)
     snap.transactions.sort(key=lambda t: (t.start_time, t.start_scn))
     return snap
 
@@ -250,6 +278,27 @@ def render(snap: Snapshot) -> str:
         out.append("</table>")
     else:
         out.append("<p class='muted'>none</p>")
+
+    if snap.sources:
+        out.append("<h2 id='sources'>Live sources: slot lag</h2><table id='sources-table'><tr><th>Source</th>"
+                   "<th>Slot</th><th>Confirmed LSN</th><th>Server WAL</th><th>Not yet archived</th>"
+                   "<th>WAL held</th><th>Archive behind the server's clock</th><th>Open streamed transactions</th>"
+                   "</tr>")
+        for lag in snap.sources:
+            if isinstance(lag, tuple):
+                out.append(f"<tr class='source'><td>{e(lag[0])}</td><td colspan='7'>not available: {e(lag[1])}</td>"
+                           "</tr>")
+            elif not lag.exists:
+                out.append(f"<tr class='source alert'><td>{e(lag.source)}</td><td>{e(lag.slot)}</td>"
+                           f"<td colspan='6'>slot missing: trailbound add source {e(lag.source)}</td></tr>")
+            else:
+                behind = f"{lag.behind_seconds:.0f} s" if lag.behind_seconds is not None else "no segment yet"
+                out.append(f"<tr class='source'><td>{e(lag.source)}</td><td>{e(lag.slot)}</td><td>{e(lag.confirmed)}"
+                           f"</td><td>{e(lag.current)}</td><td class='lag'>{lag.lag_bytes} bytes</td>"
+                           f"<td>{lag.held_bytes} bytes</td><td>{behind}</td><td>{len(lag.open_streamed)}</td></tr>")
+        out.append("</table><p class='muted'>Not yet archived: WAL the slot has not confirmed (the next pull's "
+                   "work). WAL held: what the slot keeps on the source's disk. A forgotten slot holds WAL forever: "
+                   "trailbound delete source.</p>")
 
     out.append("<h2 id='retention'>Archive-log retention</h2><table id='retention-table'><tr><th>Source</th>"
                "<th>Required SCN</th><th>Registrations</th><th>Purgeable now</th><th>Kept</th><th>Warning</th></tr>")

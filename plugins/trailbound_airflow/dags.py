@@ -60,15 +60,58 @@ def trail_asset(trail: str) -> Asset:
     return Asset(name=f"trail {trail}", uri=f"trailbound://trail/{trail.strip('/')}")
 
 
+def is_live_run(dag_run, data_interval_end: datetime, interval: timedelta, now: datetime) -> bool:
+    """May this run read a live source's slot? A slot has one position, now: only the run
+    of the current interval (its end within one interval of now: a scheduled run, the
+    catch-up=False run after a pause, a manual trigger) pulls. A backfill run, or a past
+    run cleared and run again, does not: its interval is already archived, or will be by
+    the next current run, and its capture reads the archived segments as any run does."""
+    run_type = getattr(dag_run, "run_type", None)
+    if getattr(run_type, "value", run_type) == "backfill":
+        return False
+    return now - data_interval_end <= interval
+
+
 def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: timedelta, start_date: datetime,
-                trail: str, on_failure_callbacks: Sequence[str] = ()) -> DAG:
-    """Capture per extract group: wait until the archive covers the data interval, run
-    one capture batch up to its end, validate the new trail files, publish the trail."""
+                trail: str, pull: bool = False, on_failure_callbacks: Sequence[str] = ()) -> DAG:
+    """Capture per extract group: (for a live PostgreSQL source, `pull`: first archive its
+    WAL through the slot) wait until the archive covers the data interval, run one
+    capture batch up to its end (a pulling run: up to the pull's end), validate the new
+    trail files, publish the trail."""
     with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["capture", group],
               schedule=DeltaDataIntervalTimetable(interval), max_active_runs=1,
               default_args={**DEFAULT_ARGS, "depends_on_past": True}) as dag:
+        # After a skipped pull (a backfill run) the archive may cover the interval already.
         wait = ArchiveCoversIntervalSensor(task_id="wait_for_archive", source=source, poke_interval=30,
-                                           timeout=interval.total_seconds() * 4)
+                                           timeout=interval.total_seconds() * 4, trigger_rule="none_failed")
+        if pull:
+            @task
+            def pull_archive(dag_run=None, data_interval_end=None) -> str:
+                """`trailbound archive pull`: the slot's changes up to the server's WAL
+                position now, into archive segments; then the slot is confirmed. Skipped
+                by backfill runs and past intervals (see is_live_run)."""
+                from datetime import UTC
+
+                from airflow.sdk.exceptions import AirflowSkipException
+
+                from trailbound.archive.segments import discover
+
+                if not is_live_run(dag_run, data_interval_end, interval, datetime.now(UTC)):
+                    raise AirflowSkipException(f"not the current interval (ends {data_interval_end}): a pull reads "
+                                               f"the live slot, so only the current run pulls; capture reads what "
+                                               f"is archived")
+                hook = TrailboundHook()
+                print(hook.pull_archive(source))
+                # Capture reads whole segments archived by its --until: up to the end of
+                # this pull (later than the interval's end), so that what the run pulled
+                # is captured now and not one interval later.
+                segments = discover(hook.config.archive_dir(source))
+                return max([data_interval_end, *[s.next_time for s in segments[-1:]]]).isoformat()
+
+            pull_archive() >> wait
+            until = "{{ ti.xcom_pull(task_ids='pull_archive') or data_interval_end.isoformat() }}"
+        else:
+            until = "{{ data_interval_end.isoformat() }}"
 
         @task
         def write_checkpoint_before() -> int:
@@ -81,7 +124,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
 
         capture = SparkSubmitOperator(
             task_id="capture", application=str(JOBS / "extract.py"), conn_id="spark_default",
-            application_args=[group, "--until", "{{ data_interval_end.isoformat() }}"],
+            application_args=[group, "--until", until],
             conf=SPARK_CONF, name=f"trailbound-capture-{group}")
 
         published = trail_asset(trail)

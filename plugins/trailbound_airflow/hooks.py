@@ -71,6 +71,17 @@ class TrailboundHook(BaseHook):
             raise AirflowException(f"trailbound {' '.join(argv)} failed: {output.getvalue().strip()}")
         return output.getvalue().strip()
 
+    def pull_archive(self, source: str) -> str:
+        """`trailbound archive pull SOURCE`, the source's DSN from its Airflow connection
+        (`conn_id`), else from its variable (`dsn_env`); the DSN itself is never logged."""
+        pg = self.config.postgres(source)
+        dsn = self._connection_dsn(pg.conn_id, pg.dsn_env)
+        if not dsn:
+            raise AirflowException(f"source {source}: no DSN: define the Airflow connection {pg.conn_id} "
+                                   f"or set ${pg.dsn_env}")
+        os.environ[pg.dsn_env] = dsn
+        return self.run_command(["archive", "pull", source])
+
     @contextmanager
     def store(self) -> Iterator[MetadataStore]:
         store = MetadataStore.open(self.dsn())

@@ -57,6 +57,8 @@ class LocalServer:
     # More server options, e.g. "-c wal_level=logical" for a source that a log miner reads
     # through logical decoding (tests/pg_source_kit.py); used when the server starts.
     options: str = ""
+    # The databases start() creates when missing.
+    databases: tuple[str, ...] = DATABASES
 
     @property
     def data(self) -> Path:
@@ -131,7 +133,7 @@ class LocalServer:
         connection.autocommit = True
         try:
             with connection.cursor() as cur:
-                for database in DATABASES:
+                for database in self.databases:
                     cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
                     if cur.fetchone() is None:
                         cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))

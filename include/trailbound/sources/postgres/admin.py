@@ -61,9 +61,9 @@ class SourceTable:
         return f"{self.schema}.{self.name}"
 
 
-def connect(config: Config, source: str):
+def connect(config: Config, source: str, dsn: str | None = None):
     pg = config.postgres(source)
-    connection = psycopg2.connect(dsn_from_env(pg.dsn_env), options=session_options())
+    connection = psycopg2.connect(dsn or dsn_from_env(pg.dsn_env), options=session_options())
     connection.autocommit = True
     return connection
 
@@ -192,11 +192,32 @@ def delete_source(config: Config, name: str) -> str:
             f"(a new `add source` starts a new archive in an empty directory)")
 
 
-def describe_source(config: Config, name: str) -> str:
+@dataclass(frozen=True)
+class SlotLag:
+    """How far a source's archive is behind its server (`info source`, the console)."""
+
+    source: str
+    slot: str
+    exists: bool
+    confirmed: str | None = None       # the slot's confirmed LSN, X/Y
+    restart: str | None = None
+    current: str | None = None         # the server's WAL position
+    active_pid: int | None = None
+    lag_bytes: int | None = None       # WAL not yet archived (current - confirmed)
+    held_bytes: int | None = None      # WAL the slot keeps on the server (current - restart)
+    last_segment: archive_segments.Segment | None = None
+    behind_seconds: float | None = None  # the server's clock minus the archive's last next_time
+    open_streamed: dict | None = None  # xid -> the miner's state of an open streamed transaction
+    start_scn: int | None = None       # where the archive starts when it has no segment yet
+
+
+def slot_lag(config: Config, name: str, dsn: str | None = None) -> SlotLag:
+    """The slot's positions and the archive's end, read from the source server (its DSN
+    from `dsn_env`, or `dsn`) and the archive directory."""
     source = config.source_name(name)
     pg = config.postgres(source)
     archive = config.archive_dir(source)
-    connection = connect(config, source)
+    connection = connect(config, source, dsn)
     try:
         rows = _query(connection, "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid,"
                                   " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
@@ -205,29 +226,39 @@ def describe_source(config: Config, name: str) -> str:
                                   " FROM pg_replication_slots WHERE slot_name = %s", (pg.slot,))
     finally:
         connection.close()
-    lines = [f"SOURCE {source}   slot {pg.slot}, publication {pg.publication}, archive {archive}"]
     if not rows:
-        lines.append(f"  Slot: missing (`trailbound add source {source}` creates it)")
-        return "\n".join(lines)
+        return SlotLag(source, pg.slot, False)
     confirmed, restart, pid, lag, held, current, now = rows[0]
-    lines.append(f"  Confirmed LSN:  {confirmed}   restart LSN {restart}   server WAL at {current}   "
-                 + (f"in use by process {pid}" if pid else "idle"))
-    lines.append(f"  Slot lag:       {lag} bytes not yet archived; {held} bytes of WAL held on the server")
     state = miner_state.load(archive)
     segments = [s for s in archive_segments.discover(archive) if s.thread == miner_state.THREAD] \
         if archive.is_dir() else []
-    if segments:
-        last = segments[-1]
-        behind = (now - last.next_time).total_seconds()
+    last = segments[-1] if segments else None
+    return SlotLag(source, pg.slot, True, confirmed, restart, current, pid, lag, held, last,
+                   (now - last.next_time).total_seconds() if last else None, state.open_streamed(), state.next_scn)
+
+
+def describe_source(config: Config, name: str) -> str:
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    lag = slot_lag(config, source)
+    lines = [f"SOURCE {source}   slot {pg.slot}, publication {pg.publication}, archive {config.archive_dir(source)}"]
+    if not lag.exists:
+        lines.append(f"  Slot: missing (`trailbound add source {source}` creates it)")
+        return "\n".join(lines)
+    lines.append(f"  Confirmed LSN:  {lag.confirmed}   restart LSN {lag.restart}   server WAL at {lag.current}   "
+                 + (f"in use by process {lag.active_pid}" if lag.active_pid else "idle"))
+    lines.append(f"  Slot lag:       {lag.lag_bytes} bytes not yet archived; {lag.held_bytes} bytes of WAL held on "
+                 "the server")
+    last = lag.last_segment
+    if last:
         lines.append(f"  Last segment:   thread 1 sequence {last.sequence}, scn {last.first_scn}..{last.next_scn} "
                      f"({Lsn(last.first_scn)}..{Lsn(last.next_scn)}), {last.records} records, ends "
                      f"{last.next_time:%Y-%m-%d %H:%M:%S} UTC")
-        lines.append(f"  Time lag:       the archive reaches {behind:.1f} s before the server's clock")
+        lines.append(f"  Time lag:       the archive reaches {lag.behind_seconds:.1f} s before the server's clock")
     else:
-        lines.append(f"  Last segment:   none yet (the slot starts at scn {state.next_scn}, {Lsn(state.next_scn)})")
-    open_streamed = state.open_streamed()
-    lines.append(f"  Open streamed transactions: {len(open_streamed)}")
-    for xid, txn in sorted(open_streamed.items()):
+        lines.append(f"  Last segment:   none yet (the slot starts at scn {lag.start_scn}, {Lsn(lag.start_scn)})")
+    lines.append(f"  Open streamed transactions: {len(lag.open_streamed)}")
+    for xid, txn in sorted(lag.open_streamed.items()):
         lines.append(f"    xid {xid}: first change {txn.first_time}, last archived change at {Lsn(txn.last_lsn)}"
                      + (f", {len(txn.aborted_subxids)} subtransaction(s) rolled back" if txn.aborted_subxids else ""))
     return "\n".join(lines)
