@@ -198,3 +198,38 @@ def test_logdump_bounds_and_a_closed_pipe_end_cleanly(tmp_path, spark, store, ca
     reader.stdout.close()
     error = reader.stderr.read().decode()
     assert reader.wait() == 141 and "Traceback" not in error and "BrokenPipe" not in error, error
+
+
+def test_archive_verify_checks_the_configured_directory_and_reports_purged_segments(tmp_path, spark, store, capsys,
+                                                                                    monkeypatch):
+    import shutil
+
+    archive = new_archive(tmp_path)
+    written = [archive.segment(1, [ins(n * 100, f"T{n}", n), rec(n * 100 + 1, f"T{n}", "COMMIT")], n * 100 + 50)
+               for n in (1, 2, 3)]
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "archive", "scan")) == 0
+    with store.transaction() as cur:  # what retention leaves: sequence 1 purged
+        cur.execute("UPDATE trailbound.archive_segment SET state = 'purged', purged_at = now(), purge_reason = 'test'"
+                    " WHERE source = 'SRC' AND sequence = 1")
+    capsys.readouterr()
+    assert cli.main(tb(config_path, "archive", "list", "--summary")) == 0
+    assert "Thread 1: sequences 2..3 available, 1 purged," in capsys.readouterr().out
+    assert cli.main(tb(config_path, "archive", "verify")) == 0
+    out = capsys.readouterr().out
+    assert "2 segment(s), 4 records verified" in out and "sequences 1 purged, not checked" in out
+    assert "points elsewhere" not in out and "note:" not in out
+
+    # A copy of the archive, one of its data files damaged; the configuration now names the copy.
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "archive", copy)
+    damaged = copy / written[1].name
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    config_path.write_text(config_path.read_text().replace("altarchivelogdest: archive", "altarchivelogdest: copy"))
+    assert cli.main(tb(config_path, "archive", "verify")) == 1
+    assert str(damaged) in capsys.readouterr().err
+    damaged.write_bytes((tmp_path / "archive" / damaged.name).read_bytes())
+    assert cli.main(tb(config_path, "archive", "verify")) == 0
+    out = capsys.readouterr().out
+    assert f"verified in {copy}" in out and f"the catalog recorded segments in {tmp_path / 'archive'}" in out

@@ -116,7 +116,7 @@ def archive_scan(ctx: Context) -> int:
 
 
 def archive_list(ctx: Context) -> int:
-    from trailbound.archive.catalog import ArchiveCatalog
+    from trailbound.archive.catalog import ArchiveCatalog, sequence_ranges
 
     source = ctx.source_name()
     archive_dir = ctx.config.archive_dir(source)
@@ -140,9 +140,15 @@ def archive_list(ctx: Context) -> int:
               f"{s.records:>9} {s.bytes:>11} {flags}")
     by_thread: dict[int, list] = {}
     for entry in entries:
-        by_thread.setdefault(entry.segment.thread, []).append(entry.segment)
-    for thread, segments in sorted(by_thread.items()):
-        print(f"Thread {thread}: sequences {segments[0].sequence}..{segments[-1].sequence}, "
+        by_thread.setdefault(entry.segment.thread, []).append(entry)
+    for thread, thread_entries in sorted(by_thread.items()):
+        segments = [e.segment for e in thread_entries]
+        states = []
+        for state in ("available", "missing", "purged"):
+            numbers = [e.segment.sequence for e in thread_entries if e.status == state]
+            if numbers:
+                states.append(f"{sequence_ranges(numbers)} {state}")
+        print(f"Thread {thread}: sequences {', '.join(states)}, "
               f"scn {segments[0].first_scn}..{segments[-1].next_scn}, "
               f"{segments[0].first_time:%Y-%m-%d %H:%M:%S}..{segments[-1].next_time:%Y-%m-%d %H:%M:%S}, "
               f"{sum(s.records for s in segments)} records" + (", closed" if segments[-1].closed else ""))
@@ -162,9 +168,9 @@ def archive_verify(ctx: Context) -> int:
     from trailbound.archive.catalog import ArchiveCatalog
 
     source = ctx.source_name()
-    checked = ArchiveCatalog(ctx.store, source).verify(ctx.config.archive_dir(source), ctx.spark)
-    records = sum(s.records for s in checked)
-    print(f"Source {source}: {len(checked)} segment(s), {records} records verified: manifests, sequence, records OK")
+    archive_dir = ctx.config.archive_dir(source)
+    result = ArchiveCatalog(ctx.store, source).verify(archive_dir, ctx.spark)
+    print(f"Source {source}: {result.describe(archive_dir)}")
     return 0
 
 
