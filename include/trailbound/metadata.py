@@ -68,6 +68,10 @@ class MetadataStore:
             connection = psycopg2.connect(dsn, application_name="trailbound")
         except psycopg2.OperationalError as exc:
             raise TrailboundError(f"cannot connect to the metadata store {redact(dsn)}: {exc}".strip()) from None
+        # Times read back from timestamptz columns come in the session's zone; the console's
+        # rule is UTC everywhere, so the session is UTC whatever PGTZ or the server says.
+        with connection, connection.cursor() as cur:
+            cur.execute("SET TimeZone TO 'UTC'")
         store = cls(connection)
         store.migrate()
         return store
