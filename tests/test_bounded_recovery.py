@@ -277,3 +277,20 @@ def test_after_start_extract_brreset_info_predicts_the_restart_the_next_run_does
     last = runs(store)[-1]
     assert last["recovery"] == "normal (fallback: brreset requested)"
     assert last["read_from_time"] == long_one.start.ts, "the run really re-read from the predicted start"
+
+
+def test_showch_shows_the_br_checkpoint_and_the_restart_the_next_run_does(persisted_setup, spark, store, monkeypatch,
+                                                                          capsys):
+    _, config_path, config, long_one = persisted_setup
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(["--config", str(config_path), "info", "extract", "EXT1", "--showch"]) == 0
+    shown = capsys.readouterr().out
+    b = state(store).br_checkpoint
+    assert "Bounded Recovery Checkpoint (where the next run restarts" in shown and f"SCN: {b.scn}" in shown
+    recovery_block = shown.split("Recovery Checkpoint (position of oldest")[1].split("Current Checkpoint")[0]
+    sequence = int(recovery_block.split("Sequence #: ")[1].split()[0])
+    redo_file = recovery_block.split("Redo File: ")[1].split()[0]
+    assert f"{sequence:09d}" in redo_file, (sequence, redo_file)  # the file of its own sequence
+    [predicted] = [line.strip() for line in shown.splitlines() if "Next run:" in line]
+    result = run(spark, store, config, 5)
+    assert predicted == f"Next run: {result.recovery} recovery, {result.restart}" and result.recovery == "bounded"

@@ -69,3 +69,23 @@ def test_a_failure_callback_must_be_a_dotted_path(tmp_path):
         config.load(write(tmp_path, "airflow:\n  on_failure_callbacks: [alerts/page.py]\n"))
     none = write(tmp_path, "sources:\n  SRC:\n    altarchivelogdest: /x\nairflow:\n  on_failure_callbacks: []\n")
     assert config.load(none).airflow.on_failure_callbacks == ()
+
+
+def test_a_br_directory_is_refused_only_when_its_own_name_says_tmp(tmp_path):
+    base = "sources:\n  SRC:\n    altarchivelogdest: archive\nextracts:\n  EXT1:\n    source: SRC\n" \
+           "    exttrail: dirdat/lt\n    table: ['shop.*']\n    br:\n      brdir: {}\n"
+    loaded = config.load(write(tmp_path, base.format("/var/tmp/trailbound/br")))
+    assert loaded.extract("EXT1").br.brdir == Path("/var/tmp/trailbound/br")  # a parent named tmp is fine
+    with pytest.raises(ConfigError) as error:
+        config.load(write(tmp_path, base.format("/srv/trailbound/brtemp")))
+    assert "extracts.EXT1.br.brdir" in str(error.value) and "must not contain temp or tmp" in str(error.value)
+
+
+def test_a_command_line_that_does_not_parse_exits_2_as_the_readme_says(capsys):
+    from trailbound import cli
+
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["info", "extract"])
+    assert usage.value.code == 2 and "usage:" in capsys.readouterr().err
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "a command line that does not parse prints its usage and exits with status 2" in readme

@@ -228,3 +228,84 @@ def test_the_view_shows_each_live_sources_slot_lag(tmp_path, store, source_dsn, 
     down, = read_snapshot(str(config_path)).sources
     assert down[0] == "PG" and "127.0.0.1" in down[1], "an unreachable source is named, the page still renders"
     assert "not available" in render(read_snapshot(str(config_path)))
+
+
+def test_archive_verify_checks_the_configured_directory_and_reports_purged_segments(tmp_path, spark, store, capsys,
+                                                                                    monkeypatch):
+    import shutil
+
+    archive = new_archive(tmp_path)
+    for n in (1, 2, 3):
+        archive.segment(1, [ins(n * 100, f"T{n}", n), rec(n * 100 + 1, f"T{n}", "COMMIT")], n * 100 + 50)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(tb(config_path, "archive", "scan")) == 0
+    with store.transaction() as cur:  # what retention leaves: sequence 1 purged
+        cur.execute("UPDATE trailbound.archive_segment SET state = 'purged', purged_at = now(), purge_reason = 'test'"
+                    " WHERE source = 'SRC' AND sequence = 1")
+    capsys.readouterr()
+    assert cli.main(tb(config_path, "archive", "list", "--summary")) == 0
+    assert "Thread 1: sequences 2..3 available, 1 purged," in capsys.readouterr().out
+    assert cli.main(tb(config_path, "archive", "verify")) == 0
+    out = capsys.readouterr().out
+    assert "2 segment(s), 4 records verified" in out and "sequences 1 purged, not checked" in out
+    assert "points elsewhere" not in out and "note:" not in out
+
+    # A copy of the archive, one of its data files damaged; the configuration now names the copy.
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "archive", copy)
+    damaged = copy / "arch_1_000000002.parquet"  # a data file (sha256 no longer matches)
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    config_path.write_text(config_path.read_text().replace("altarchivelogdest: archive", "altarchivelogdest: copy"))
+    assert cli.main(tb(config_path, "archive", "verify")) == 1
+    assert str(damaged) in capsys.readouterr().err
+    damaged.write_bytes((tmp_path / "archive" / damaged.name).read_bytes())
+    assert cli.main(tb(config_path, "archive", "verify")) == 0
+    out = capsys.readouterr().out
+    assert f"verified in {copy}" in out and f"the catalog recorded segments in {tmp_path / 'archive'}" in out
+
+
+def test_every_printed_time_is_utc_and_says_so_whatever_the_sessions_time_zone(tmp_path, spark, store, capsys,
+                                                                             monkeypatch):
+    import re
+    from datetime import timezone
+
+    from capture_kit import at
+
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "OPEN", 2)], 100)
+    archive.segment(1, [ins(110, "B", 3), rec(120, "B", "COMMIT")], 200)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    monkeypatch.setenv("PGTZ", "Asia/Tokyo")  # libpq sets the session's TimeZone from it
+    for words in (("register", "extract", "EXT1", "logretention"), ("extract", "run", "EXT1")):
+        assert cli.main(tb(config_path, *words)) == 0
+    capsys.readouterr()
+    shown = {}
+    for words in (("info", "extract", "EXT1", "--showch"), ("info", "retention"), ("archive", "list"),
+                  ("send", "extract", "EXT1", "showtrans"), ("info", "all")):
+        assert cli.main(tb(config_path, *words)) == 0
+        shown[words[0] if words[0] == "send" else words[1]] = capsys.readouterr().out
+    from datetime import datetime
+
+    [run] = runlog.history(store, "extract", "EXT1", limit=1)
+    showch = shown["extract"]
+    found = re.search(r"Last Started (\S+ \S+) UTC", showch)
+    assert found, showch
+    last_started = found.group(1)
+    assert abs(datetime.fromisoformat(last_started).replace(tzinfo=timezone.utc) - run.started_at).total_seconds() < 120
+    assert f"Start Time = {last_started}:" in showch
+    assert "Times are UTC. Log time:" in showch and "Wall time:" in showch
+    recovery_block = showch.split("Recovery Checkpoint (position of oldest")[1].split("Current Checkpoint")[0]
+    assert "Sequence #: 1\n" in recovery_block and "Redo File: arch_1_000000001.parquet" in recovery_block, \
+        "the recovery checkpoint (OPEN's start) names its own sequence's file, not the current one"
+    assert "Next run: normal recovery, re-reads every thread from scn 200; thread 1 from 1:1:2 (scn 30)" in showch
+    assert f"{at(30).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC" in shown["send"]  # OPEN's start, log time
+    assert f"{at(0).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" in shown["list"]      # the segment's first time
+    assert "(UTC)" in shown["list"]
+    assert re.search(r"updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown["retention"])
+    for name, text in shown.items():  # every time printed says its zone, none is in Tokyo's
+        assert "+09" not in text, name
+        for match in re.finditer(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d(\.\d+)?)?", text):
+            after = text[match.end():match.end() + 5]
+            assert after.startswith(" UTC") or "(UTC)" in text, (name, text[match.start():match.end() + 5])

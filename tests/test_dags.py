@@ -262,6 +262,9 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
         "retention purged the segments every registered capture is past"
     assert left and set(left) < set(segments), "the newest hour of log stays (minkeephours 1)"
     published, = world.asset_events("trailbound://retention/archive")
+    trail_purge = published["trail_purge"]  # PURGEOLDEXTRACTS on the retention schedule too
+    assert trail_purge[str(tmp_path / "dirdat" / "lt")]["purged_files"] == [1], trail_purge
+    assert not (tmp_path / "dirdat" / "lt000000001").exists() and (tmp_path / "dirdat" / "lt000000002").exists()
     published = published["SRC"]
     assert published["purged_segments"] == len(segments) - len(left) and published["run_id"] == 1, \
         "the retention Asset event says what was purged"
@@ -397,3 +400,64 @@ def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_do
     assert "only the current run pulls" in output
     assert slot_confirmed(source_dsn) == confirmed
     assert sorted(path.name for path in (tmp_path / "archive").glob("arch_*")) == segments
+
+
+CONTROL_RUNS = """
+import json, sys
+from datetime import datetime, timedelta
+from airflow.utils.cli import get_bagged_dag
+
+dag = get_bagged_dag(None, "control")
+start = datetime.fromisoformat(sys.argv[1])
+for index, conf in enumerate(json.loads(sys.argv[2])):
+    run = dag.test(logical_date=start + timedelta(minutes=index), run_conf=conf)
+    print("CONTROL-RUN " + json.dumps([run.run_id, getattr(run.state, "value", str(run.state))]), flush=True)
+"""
+
+
+@pytest.mark.long_running(240)
+def test_every_operator_action_runs_through_the_control_dag(tmp_path, spark, store, target_dsn):
+    """One Airflow process runs the control DAG once per command (what `airflow dags
+    test control DATE --conf` does, without an interpreter start per command)."""
+    config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    base = ["--config", str(config_path)]
+    os.environ["TRAILBOUND_METADATA_DSN"] = store.connection.dsn
+    try:
+        for hour in (2, 4):  # two trail files, LONG and SKIPME still open
+            assert cli.main([*base, "extract", "run", "EXT1", "--until", (T0 + timedelta(hours=hour)).isoformat()]) == 0
+        assert cli.main([*base, "pump", "run", "PMP1"]) == 0  # PMP1 has read both files of dirdat/lt
+    finally:
+        del os.environ["TRAILBOUND_METADATA_DSN"]
+    commands = [("skiptrans", "EXT1", "SKIPME"), ("forcetrans", "EXT1", "LONG"), ("brreset", "EXT1", ""),
+                ("showtrans", "EXT1", ""), ("register_logretention", "EXT1", ""),
+                ("unregister_logretention", "EXT1", ""), ("alter_replicat", "REP1", "atcsn 3620"),
+                ("alter_replicat", "REP1", "aftercsn 7220"), ("purge_trails", "EXT1", ""),
+                ("alter_extract_begin", "EXT1", "scn 7200"), ("forcetrans", "REP1", "X")]
+    confs = [{"command": c, "group": g, "argument": a} for c, g, a in commands]
+    done = subprocess.run([sys.executable, "-c", CONTROL_RUNS, (T0 + timedelta(hours=5)).isoformat(), json.dumps(confs)],
+                          env=world.env, capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    runs = [json.loads(line.split("CONTROL-RUN ", 1)[1]) for line in done.stdout.splitlines()
+            if line.startswith("CONTROL-RUN ")]
+    assert [state for _, state in runs] == ["success"] * (len(commands) - 1) + ["failed"], output[-4000:]
+    with sqlite3.connect(world.home / "airflow.db") as airflow_db:
+        returned = dict(airflow_db.execute("SELECT run_id, value FROM xcom WHERE dag_id = 'control' "
+                                           "AND task_id = 'run_command' AND key = 'return_value'").fetchall())
+    said = [json.loads(returned[run_id]) if run_id in returned else "" for run_id, _ in runs]
+    assert "skiptrans for transaction 'SKIPME'" in said[0] and "recorded as directive" in said[0]
+    assert "forcetrans for transaction 'LONG'" in said[1]
+    assert "brreset recorded as directive" in said[2]
+    assert "'LONG'" in said[3] and "'SKIPME'" in said[3]
+    assert "registered with logretention" in said[4] and "unregistered" in said[5]
+    assert "atcsn 3620" in said[6] and "aftercsn 7220" in said[7]
+    assert "purged seqno 1" in said[8] and "kept seqno 2" in said[8]
+    assert not (tmp_path / "dirdat" / "lt000000001").exists() and (tmp_path / "dirdat" / "lt000000002").exists()
+    assert "forcetrans applies to a extract group; REP1 is a replicat" in output
+
+    with store.transaction() as cur:
+        cur.execute("SELECT kind, xid FROM trailbound.extract_directive ORDER BY directive_id")
+        assert [(r["kind"], r["xid"]) for r in cur.fetchall()][:3] == [("skiptrans", "SKIPME"), ("forcetrans", "LONG"),
+                                                                      ("brreset", None)]
+        extract = capture_checkpoints.load(cur, "EXT1")
+    assert extract.begin_spec == "scn 7200"

@@ -116,7 +116,8 @@ def archive_scan(ctx: Context) -> int:
 
 
 def archive_list(ctx: Context) -> int:
-    from trailbound.archive.catalog import ArchiveCatalog
+    from trailbound.archive.catalog import ArchiveCatalog, sequence_ranges
+    from trailbound.ggsci import utc
 
     source = ctx.source_name()
     archive_dir = ctx.config.archive_dir(source)
@@ -124,27 +125,33 @@ def archive_list(ctx: Context) -> int:
     entries = [e for e in catalog.entries() if ctx.args.thread is None or e.segment.thread == ctx.args.thread]
     print(f"Source {source}, archive {archive_dir}")
     if not ctx.args.summary:
-        print(f"{'THREAD':>6} {'SEQUENCE':>9} {'FIRST_SCN':>12} {'NEXT_SCN':>12} {'FIRST_TIME':<20} {'NEXT_TIME':<20} " \
+        print(f"{'THREAD':>6} {'SEQUENCE':>9} {'FIRST_SCN':>12} {'NEXT_SCN':>12} {'FIRST_TIME (UTC)':<20} {'NEXT_TIME (UTC)':<20} " \
               f"{'RECORDS':>9} {'BYTES':>11} STATUS")
     for entry in [] if ctx.args.summary else entries:
         s = entry.segment
         flags = entry.status + (" closed" if s.closed else "")
         flags += f" backed-up x{entry.backed_up_count}" if entry.backed_up_count else ""
         if entry.purge_reason and entry.state != "available":
-            flags += f" {entry.purged_at:%Y-%m-%d %H:%M:%S}: {entry.purge_reason}" if entry.purged_at else \
+            flags += f" {utc(entry.purged_at)}: {entry.purge_reason}" if entry.purged_at else \
                 f": {entry.purge_reason}"
         elif entry.restored_at:
-            flags += f" (restored {entry.restored_at:%Y-%m-%d %H:%M:%S} after a purge)"
+            flags += f" (restored {utc(entry.restored_at)} after a purge)"
         print(f"{s.thread:>6} {s.sequence:>9} {s.first_scn:>12} {s.next_scn:>12} "
-              f"{s.first_time:%Y-%m-%d %H:%M:%S}  {s.next_time:%Y-%m-%d %H:%M:%S}  "
+              f"{utc(s.first_time)[:19]}  {utc(s.next_time)[:19]}  "
               f"{s.records:>9} {s.bytes:>11} {flags}")
     by_thread: dict[int, list] = {}
     for entry in entries:
-        by_thread.setdefault(entry.segment.thread, []).append(entry.segment)
-    for thread, segments in sorted(by_thread.items()):
-        print(f"Thread {thread}: sequences {segments[0].sequence}..{segments[-1].sequence}, "
+        by_thread.setdefault(entry.segment.thread, []).append(entry)
+    for thread, thread_entries in sorted(by_thread.items()):
+        segments = [e.segment for e in thread_entries]
+        states = []
+        for state in ("available", "missing", "purged"):
+            numbers = [e.segment.sequence for e in thread_entries if e.status == state]
+            if numbers:
+                states.append(f"{sequence_ranges(numbers)} {state}")
+        print(f"Thread {thread}: sequences {', '.join(states)}, "
               f"scn {segments[0].first_scn}..{segments[-1].next_scn}, "
-              f"{segments[0].first_time:%Y-%m-%d %H:%M:%S}..{segments[-1].next_time:%Y-%m-%d %H:%M:%S}, "
+              f"{utc(segments[0].first_time)}..{utc(segments[-1].next_time)}, "
               f"{sum(s.records for s in segments)} records" + (", closed" if segments[-1].closed else ""))
     horizon = catalog.horizon(ctx.args.until)
     if horizon is None:
@@ -162,9 +169,9 @@ def archive_verify(ctx: Context) -> int:
     from trailbound.archive.catalog import ArchiveCatalog
 
     source = ctx.source_name()
-    checked = ArchiveCatalog(ctx.store, source).verify(ctx.config.archive_dir(source), ctx.spark)
-    records = sum(s.records for s in checked)
-    print(f"Source {source}: {len(checked)} segment(s), {records} records verified: manifests, sequence, records OK")
+    archive_dir = ctx.config.archive_dir(source)
+    result = ArchiveCatalog(ctx.store, source).verify(archive_dir, ctx.spark)
+    print(f"Source {source}: {result.describe(archive_dir)}")
     return 0
 
 

@@ -143,7 +143,8 @@ class BoundedRecoveryConfig(_Section):
     @field_validator("brdir")
     @classmethod
     def _not_a_temporary_directory(cls, value: Path) -> Path:
-        if re.search("te?mp", str(value), re.IGNORECASE):
+        # Only the directory's own name: a tmp directory is what cleaners empty, not a path under one.
+        if re.search("te?mp", value.name, re.IGNORECASE):
             raise ValueError("a BR directory name must not contain temp or tmp: such directories get cleaned up")
         return value
 

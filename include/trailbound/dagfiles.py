@@ -104,7 +104,8 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
     files["retention.py"] = _render(
         f"Archive-log retention, every {config.airflow.retention_interval}.",
         "Purges redo segments below the minimum SCN every registered capture still needs,\n"
-        "honouring minkeephours, backups and the space limit; publishes what it did.",
+        "honouring minkeephours, backups and the space limit, then trail files every reader\n"
+        "has passed (PURGEOLDEXTRACTS); publishes what it did.",
         "retention_dag", interval=config.airflow.retention_interval, start_date=start,
         on_failure_callbacks=alerts)
     groups = {**{name: "extract" for name in config.extracts}, **{name: "pump" for name in config.pumps},
@@ -114,7 +115,8 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
         "Trigger with params command, group, argument: skiptrans / forcetrans XID and showtrans\n"
         "(SEND EXTRACT), brreset (START EXTRACT ... BRRESET), alter_extract_begin now|TIME|scn N,\n"
         "alter_replicat atcsn N|aftercsn N|extseqno S extrba R, register_logretention /\n"
-        "unregister_logretention (REGISTER EXTRACT ... LOGRETENTION), info (INFO ... SHOWCH).",
+        "unregister_logretention (REGISTER EXTRACT ... LOGRETENTION), purge_trails (no group:\n"
+        "PURGEOLDEXTRACTS now), info (INFO ... SHOWCH).",
         "control_dag", start_date=start, groups=dict(sorted(groups.items())),
         on_failure_callbacks=alerts)
     return files

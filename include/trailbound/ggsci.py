@@ -5,13 +5,23 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 
+# One rule for every time the console prints: UTC, saying so. Times come from the metadata
+# store (whose session runs in UTC, see metadata.py), the archive and the trail, all zone-aware;
+# none follows the local or the database session's time zone.
+
 def timestamp(value: datetime | str | None) -> str:
-    """UTC with microseconds; "Not Available" for a time not known yet."""
+    """UTC with microseconds, saying its zone; "Not Available" for a time not known yet."""
     if value is None:
         return "Not Available"
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def times_note(log: str, wall: str) -> str:
+    """The line under a report saying which of its times are log time (when the source wrote
+    a record) and which wall time (when trailbound did something), all in UTC."""
+    return f"Times are UTC. Log time: {log}. Wall time: {wall}."
 
 
 def lag(seconds: float) -> str:
@@ -22,13 +32,17 @@ def lag(seconds: float) -> str:
 
 def header(kind: str, group: str, last_started: datetime | None, running: bool) -> str:
     """INFO's first line: `EXTRACT    EXT1      Last Started 2026-11-02 00:00   Status STOPPED`."""
-    started = f"{last_started:%Y-%m-%d %H:%M}" if last_started else "never"
+    started = f"{last_started.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC" if last_started else "never"
     return f"{kind.upper():<10} {group:<9} Last Started {started}   Status {'RUNNING' if running else 'STOPPED'}"
 
 
-def utc(value: datetime | None) -> str:
-    """A wall or log time for INFO lines, to the second, saying its zone."""
-    return "Not Available" if value is None else f"{value.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+def utc(value: datetime | str | None) -> str:
+    """A wall or log time, to the second, in UTC saying so."""
+    if value is None:
+        return "Not Available"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return f"{value.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def duration(value: timedelta | None) -> str:

@@ -82,6 +82,10 @@ class MetadataStore:
             connection = psycopg2.connect(dsn, application_name="trailbound")
         except psycopg2.Error as exc:
             raise connection_error("the metadata store", dsn, exc) from None
+        # Times read back from timestamptz columns come in the session's zone; the console's
+        # rule is UTC everywhere, so the session is UTC whatever PGTZ or the server says.
+        with connection, connection.cursor() as cur:
+            cur.execute("SET TimeZone TO 'UTC'")
         store = cls(connection)
         store.migrate()
         return store

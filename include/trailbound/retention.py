@@ -41,6 +41,7 @@ from trailbound.capture import recovery
 from trailbound.config import Config, RetentionConfig
 from trailbound.crash import crashpoint
 from trailbound.errors import ConfigError, TrailboundError
+from trailbound.ggsci import times_note, utc
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Scn
 
@@ -552,7 +553,7 @@ def describe_retention(store: MetadataStore, config: Config, source: str | None 
             state = "enabled" if r.enabled else "unregistered"
             read = "not run yet" if r.read_scn is None else f"read below scn {r.read_scn}"
             line = (f"    EXTRACT {r.group:<8} {state}, first scn {r.first_scn}, required scn {r.required_scn}, "
-                    f"{read}, updated {r.updated_at:%Y-%m-%d %H:%M:%S}")
+                    f"{read}, updated {utc(r.updated_at)}")
             if r.note and r.committed_scn != r.required_scn:
                 line += f"\n      (its last run committed required scn {r.committed_scn}; held lower now: {r.note})"
             if not r.added:
@@ -572,4 +573,6 @@ def describe_retention(store: MetadataStore, config: Config, source: str | None 
                          "retention run makes it available")
         if o.alert:
             lines.append(o.alert)
+    lines += ["", times_note("minkeephours counts back from the archive's newest segment", "each registration's "
+                             "updated time")]
     return "\n".join(lines)

@@ -189,6 +189,7 @@ CONTROL_COMMANDS = {
     "unregister_logretention": ("extract", "", lambda g, a: ["unregister", "extract", g, "logretention"]),
     "alter_replicat": ("replicat", "atcsn N | aftercsn N | extseqno S extrba R",
                        lambda g, a: ["alter", "replicat", g, *a.split()]),
+    "purge_trails": ("none", "", lambda g, a: ["purge", "trails"]),
     "info": ("any", "", None),
 }
 
@@ -198,6 +199,8 @@ def control_command(command: str, group: str, argument: str, groups: dict[str, s
     if command not in CONTROL_COMMANDS:
         raise ValueError(f"unknown command {command!r}; one of {', '.join(CONTROL_COMMANDS)}")
     kind, needs, build = CONTROL_COMMANDS[command]
+    if kind == "none":  # not about one group (purge trails: every trail the store knows)
+        return build(group, argument.strip())
     if group not in groups:
         raise ValueError(f"unknown group {group!r}; one of {', '.join(groups)}")
     if kind != "any" and groups[group] != kind:
@@ -217,7 +220,8 @@ def control_dag(*, dag_id: str, doc_md: str, start_date: datetime, groups: dict[
     names = sorted(groups)
     params = {
         "command": Param("showtrans", enum=list(CONTROL_COMMANDS), description="what to do: "
-                         + "; ".join(f"{name} ({kind}{', argument ' + needs if needs else ''})"
+                         + "; ".join(f"{name} ({'no group' if kind == 'none' else kind}"
+                                     f"{', argument ' + needs if needs else ''})"
                                      for name, (kind, needs, _) in CONTROL_COMMANDS.items())),
         "group": Param(names[0] if names else "", enum=names or [""], description="the group it applies to"),
         "argument": Param("", type="string", maxLength=256,
@@ -275,6 +279,15 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
     return dag
 
 
+def _spark_if(needed: bool):
+    """A Spark session for a trail out of the local filesystem's reach (s3a://, hdfs://)."""
+    if not needed:
+        return None
+    from trailbound import spark
+
+    return spark.session("trailbound purge trails")
+
+
 def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: datetime,
                   on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Archive-log retention: purge redo segments below the minimum SCN every registered
@@ -286,15 +299,20 @@ def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: 
 
         @task(outlets=[retention])
         def purge_archive(outlet_events=None) -> str:
-            """Purge; the Asset event carries what was purged and kept per source."""
+            """Purge redo segments, then trail files every reader has passed
+            (PURGEOLDEXTRACTS); the Asset event carries what was purged and kept per
+            source, and per trail under "trail_purge"."""
             from trailbound.retention import run_retention
+            from trailbound.trail import purge as trailpurge
 
             hook = TrailboundHook()
             with hook.store() as store:
                 result = run_retention(store, hook.config)
-            outlet_events[retention].extra = result.summary()
-            print(result.describe())
-            return result.describe()
+                trails = trailpurge.purge_trails(store, hook.config, spark=_spark_if(trailpurge.needs_spark(store)))
+            outlet_events[retention].extra = {**result.summary(), "trail_purge": trails.summary()}
+            report = f"{result.describe()}\n{trails.describe()}"
+            print(report)
+            return report
 
         purge_archive()
     return dag

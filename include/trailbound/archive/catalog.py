@@ -9,7 +9,7 @@ leaves the catalog exactly as it was.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Sequence
@@ -114,6 +114,37 @@ class ScanResult:
         return f"cataloged {len(self.added)} new segment(s), {records} records ({self.known} already cataloged){back}"
 
 
+def sequence_ranges(sequences: Sequence[int]) -> str:
+    """`1..160, 170` for sorted sequence numbers: what an operator reads in a summary."""
+    parts: list[str] = []
+    for number in sequences:
+        if parts and number == last + 1:
+            parts[-1] = f"{parts[-1].split('..')[0]}..{number}"
+        else:
+            parts.append(str(number))
+        last = number
+    return ", ".join(parts)
+
+
+@dataclass
+class VerifyResult:
+    checked: list[Segment]
+    purged: list[Segment]
+    elsewhere: list[str]  # directories the catalog's stored paths name other than the one checked
+
+    def describe(self, archive_dir: Path) -> str:
+        records = sum(s.records for s in self.checked)
+        lines = [f"{len(self.checked)} segment(s), {records} records verified in {archive_dir}: "
+                 "manifests, sequence, records OK"]
+        for thread in sorted({s.thread for s in self.purged}):
+            numbers = sorted(s.sequence for s in self.purged if s.thread == thread)
+            lines.append(f"thread {thread}: sequences {sequence_ranges(numbers)} purged, not checked")
+        for directory in self.elsewhere:
+            lines.append(f"note: the catalog recorded segments in {directory}, not in the configured {archive_dir}; "
+                         "the configured directory was checked")
+        return "\n".join(lines)
+
+
 class ArchiveCatalog:
     """The catalog rows of one source."""
 
@@ -189,21 +220,36 @@ class ArchiveCatalog:
             self._insert(new)
         return ScanResult(added=new, known=len(entries), restored=restored)
 
-    def verify(self, archive_dir: Path, spark) -> list[Segment]:
-        """Check everything again, writing nothing: every available cataloged segment and
-        every pending one against its manifest, the sequence of all of them, and every
-        record (including records of a transaction after its end, across segments).
-        Returns the segments checked."""
+    def verify(self, archive_dir: Path, spark) -> "VerifyResult":
+        """Check everything again in `archive_dir` (the directory the configuration names),
+        writing nothing: every available cataloged segment's files there against what the
+        catalog recorded, every pending one against its manifest, the sequence of all of
+        them, and every record (including records of a transaction after its end, across
+        segments). The catalog's stored paths only tell where it last saw the files:
+        when they point elsewhere the result says so, and the configured copy is what is
+        checked. Purged segments are counted as purged, not read."""
         from trailbound.archive import reader
 
         entries, new = self._split(archive_dir)
         cataloged = [e.segment for e in entries.values()]
         seg.check_sequence(cataloged + new)
-        readable = [e.segment for e in entries.values() if e.state == AVAILABLE] + new
+        here = archive_dir.resolve()
+        elsewhere = sorted({str(e.segment.path.parent) for e in entries.values()
+                            if e.segment.path.parent.resolve() != here})
+        readable = []
+        for entry in entries.values():
+            if entry.state != AVAILABLE:
+                continue
+            segment = replace(entry.segment, path=archive_dir / entry.segment.path.name)
+            if not segment.manifest_path.exists():
+                raise ArchiveError(segment.manifest_path, "manifest of a cataloged segment is missing")
+            readable.append(segment)
+        readable += new
         for segment in readable:
             seg.verify_data(segment)
         reader.check_records(spark, readable)
-        return readable
+        purged = [e.segment for e in entries.values() if e.state == PURGED]
+        return VerifyResult(readable, purged, elsewhere)
 
     def mark_backed_up(self, thread: int | None = None, through_sequence: int | None = None) -> int:
         """Count one more backup of the available segments (of one thread, up to a

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from trailbound.capture import checkpoints as ckpt
 from trailbound.errors import TrailboundError
+from trailbound.ggsci import utc
 from trailbound.metadata import MetadataStore
 
 
@@ -33,14 +34,14 @@ def show_transactions(store: MetadataStore, group: str, *, duration: timedelta |
         open_txns = [t for t in open_txns if now - t.start.ts >= duration]
     if count is not None:
         open_txns = open_txns[:count]
-    lines = [f"Oldest open transactions of extract {state.group} (log time read: {now or 'not yet'}):"]
+    lines = [f"Oldest open transactions of extract {state.group} (log time read: {utc(now) if now else 'not yet'}):"]
     if not open_txns:
         lines.append("  none")
     for txn in open_txns:
         age = str(now - txn.start.ts).split(".")[0] if now else "?"
         notes = [n for n in (("persisted" if txn.persisted else ""), txn.skip_reason or "") if n]
         lines.append(f"  XID {txn.xid!r}  thread {txn.thread}  start {txn.start.position} scn {txn.start.scn} "
-                     f"at {txn.start.ts:%Y-%m-%d %H:%M:%S}  age {age}  records {txn.records}  bytes {txn.bytes}"
+                     f"at {utc(txn.start.ts)}  age {age}  records {txn.records}  bytes {txn.bytes}"
                      + (f"  ({'; '.join(notes)})" if notes else ""))
     return "\n".join(lines)
 

@@ -9,9 +9,13 @@ from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
-from trailbound.ggsci import header, lag, timestamp
+from trailbound.ggsci import header, lag, timestamp, times_note, utc
 from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
+
+_TIMES = times_note("the read checkpoints' Timestamp and the times of open transactions and BR checkpoints "
+                    "(when the source wrote the record)", "Last Started, Start Time, Last Update Time, the write "
+                    "checkpoint's Timestamp and the run history")
 
 _KIND_TITLES = {
     "startup": "Startup Checkpoint (starting position in data source)",
@@ -45,17 +49,17 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     if b is None:
         lines.append("    Last BR checkpoint: none yet")
     else:
-        lines.append(f"    Last BR checkpoint: #{b.checkpoint_id} at scn {b.scn}, log time {timestamp(b.log_time)[:19]}, "
+        lines.append(f"    Last BR checkpoint: #{b.checkpoint_id} at scn {b.scn}, log time {utc(b.log_time)}, "
                      f"{b.persisted} persisted transaction(s), {b.persisted_bytes} bytes")
         for thread, oldest in sorted(b.oldest_nonpersisted.items(), key=lambda item: int(item[0])):
             lines.append(f"        oldest non-persisted open transaction, thread {thread}: xid {oldest['xid']!r} "
-                         f"from scn {oldest['scn']} ({timestamp(oldest['ts'])[:19]})")
+                         f"from scn {oldest['scn']} ({utc(oldest['ts'])})")
     persisted = [t for t in state.open if t.persisted]
     lines.append(f"    Persisted transactions: {len(persisted)}")
     for txn in persisted:
         p = txn.persisted
         lines.append(f"        xid {txn.xid!r} thread {txn.thread} started scn {txn.start.scn} "
-                     f"({timestamp(txn.start.ts)[:19]}), {p.records} records through sequence {p.through.sequence} "
+                     f"({utc(txn.start.ts)}), {p.records} records through sequence {p.through.sequence} "
                      f"rba {p.through.rba}, file {p.file.name}")
     if state.read_scn is None:
         lines.append("    Next run: a first run (reads from the archive's start)")
@@ -95,7 +99,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
                          f"(updated {lag(ago)} ago)")
     for thread, c in sorted(current.items()):
         lines.append(f"Log Read Checkpoint  File {c.segment}")
-        lines.append(f"                     {timestamp(c.ts)[:19]}  Thread {thread}, Seqno {c.position.sequence}, "
+        lines.append(f"                     {utc(c.ts)}  Thread {thread}, Seqno {c.position.sequence}, "
                      f"RBA {c.position.rba}")
     if not current:
         lines.append(f"Log Read Checkpoint  not yet read; begins at {state.begin_spec} (scn {state.begin_scn})")
@@ -108,7 +112,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
     if br:
         lines += describe_bounded_recovery(store, config, state)
     if showch is None:
-        return "\n".join(lines)
+        return "\n".join(lines + ["", _TIMES])
 
     lines += ["", "Current Checkpoint Detail:"]
     threads = sorted(set().union(*(state.read[k].keys() for k in ckpt.READ_KINDS)))
@@ -117,15 +121,27 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
         for kind in ckpt.READ_KINDS:
             if thread in state.read[kind]:
                 lines += _read_block(kind, state.read[kind][thread])
+    if state.read_scn is not None:
+        # What the next run does, by the very rules it uses (capture.recovery).
+        plan = recovery.plan(state, config.extract(name))
+        restart = recovery.restart_point(state, plan)
+        b = state.br_checkpoint
+        if plan.mode == recovery.BOUNDED and b is not None:
+            lines += ["", "    Bounded Recovery Checkpoint (where the next run restarts; persisted transactions "
+                          "are restored from their files):",
+                      f"        Checkpoint #: {b.checkpoint_id}", f"        SCN: {b.scn}",
+                      f"        Timestamp: {timestamp(b.log_time)}",
+                      f"        Persisted transactions: {b.persisted}"]
+        lines += ["", f"    Next run: {plan.describe} recovery, {restart.describe()}"]
     lines += ["", "Write Checkpoint #1", "", "    Trail", "    Current Checkpoint (current write position):",
               f"        Sequence #: {w.position.seqno}", f"        RBA: {w.position.rba}", f"        Timestamp: {timestamp(w.written_at)}",
               f"        Last CSN: {w.last_csn or 'none'}", f"        Extract Trail: {state.exttrail}",
               "", "    Status:", f"        Begin = {state.begin_spec} (scn {state.begin_scn})",
               f"        Read below SCN = {state.read_scn if state.read_scn is not None else 'Not Available'}",
-              f"        Start Time = {timestamp(state.last_started)[:19]}",
-              f"        Last Update Time = {timestamp(state.last_run_end)[:19]}"]
+              f"        Start Time = {utc(state.last_started)}",
+              f"        Last Update Time = {utc(state.last_run_end)}"]
     for run in runs:
-        lines += ["", f"Checkpoint history: run {run['run_id']} ended {timestamp(run['ended_at'])[:19]}, "
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {utc(run['ended_at'])}, "
                       f"read scn {run['read_from_scn']}..{run['horizon_scn']}, {run['records_read']} records read, "
                       f"{run['transactions']} transactions written"]
         read = run["checkpoints"]["read"]
@@ -136,4 +152,4 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
                          f"recovery Seqno {r['sequence']} RBA {r['rba']} SCN {r['scn']}")
         wr = run["checkpoints"]["write"]
         lines.append(f"    Write: Seqno {wr['seqno']} RBA {wr['rba']} last CSN {wr['last_csn']}")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", _TIMES])

@@ -34,6 +34,7 @@ from trailbound.capture.begin import resolve_begin
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, changed_since_added
+from trailbound.ggsci import utc
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, LogPosition, Scn, TrailPosition
@@ -180,7 +181,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         horizon = catalog.horizon(until)
         if horizon is None or (state.read_scn is not None and horizon.scn <= state.read_scn):
             return RunResult(name, horizon.scn if horizon else None,
-                             note="nothing new below the horizon" + (f" archived by {until:%Y-%m-%d %H:%M:%S}" if until else ""))
+                             note="nothing new below the horizon" + (f" archived by {utc(until)}" if until else ""))
         horizon_scn = horizon.scn
         brreset = brreset or recovery.brreset_pending(state)
         plan = recovery.plan(state, extract, brreset=brreset)
@@ -290,10 +291,14 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         current = _read_checkpoint(row["thread"], last, last["file"])
         state.read["current"][row["thread"]] = current
         state.read["startup"].setdefault(row["thread"], _read_checkpoint(row["thread"], first, first["file"]))
+    # The redo file of a recovery checkpoint is its own sequence's (a transaction's start
+    # carries no file name; the current file is usually a later one).
+    redo_files = {(g.thread, g.sequence): g.path.name for g in segments}
     for thread, current in state.read["current"].items():
         starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None and t.persisted is None]
         oldest = min(starts, key=lambda s: s.position) if starts else current
-        state.read["recovery"][thread] = dataclasses.replace(oldest, segment=oldest.segment or current.segment)
+        state.read["recovery"][thread] = dataclasses.replace(
+            oldest, segment=oldest.segment or redo_files.get((thread, oldest.position.sequence)))
 
     warnings = []
     if plan.reason:

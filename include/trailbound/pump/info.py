@@ -5,11 +5,14 @@ from __future__ import annotations
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.grouplock import is_running
-from trailbound.ggsci import header, timestamp
+from trailbound.ggsci import header, times_note, utc
 from trailbound.metadata import MetadataStore
 from trailbound.pump import checkpoints as pck
 from trailbound.trail import catalog
 
+
+_TIMES = times_note("none (a pump reads trail positions)", "Last Started, Timestamp, Start Time, Last Update Time "
+                    "and the run history")
 
 def describe_pump(store: MetadataStore, config: Config, group: str, *, showch: int | None = None) -> str:
     name = config.pump_name(group)
@@ -29,22 +32,22 @@ def describe_pump(store: MetadataStore, config: Config, group: str, *, showch: i
              f"Write Checkpoint     Seqno {state.write.seqno}, RBA {state.write.rba}, "
              f"last CSN {state.last_csn or 'none'}"]
     if showch is None:
-        return "\n".join(lines)
+        return "\n".join(lines + ["", _TIMES])
     lines += ["", "Current Checkpoint Detail:", "", "Read Checkpoint #1", "", "    Trail (EXTTRAILSOURCE)",
               "    Current Checkpoint (position of last record read in the source trail):",
               f"        Sequence #: {state.read.seqno}", f"        RBA: {state.read.rba}",
               f"        Extract Trail: {state.exttrail}",
               "", "Write Checkpoint #1", "", "    Trail (RMTTRAIL)", "    Current Checkpoint (current write position):",
               f"        Sequence #: {state.write.seqno}", f"        RBA: {state.write.rba}",
-              f"        Timestamp: {timestamp(state.updated_at)[:19]}", f"        Last CSN: {state.last_csn or 'none'}",
+              f"        Timestamp: {utc(state.updated_at)}", f"        Last CSN: {state.last_csn or 'none'}",
               f"        Remote Trail: {state.rmttrail}",
               "", "    Status:", f"        Table filter = {state.table_spec or 'none (PASSTHRU)'}",
-              f"        Start Time = {timestamp(state.last_started)[:19]}",
-              f"        Last Update Time = {timestamp(state.last_run_end)[:19]}"]
+              f"        Start Time = {utc(state.last_started)}",
+              f"        Last Update Time = {utc(state.last_run_end)}"]
     for run in runs:
         c = run["checkpoints"]
-        lines += ["", f"Checkpoint history: run {run['run_id']} ended {timestamp(run['ended_at'])[:19]}, "
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {utc(run['ended_at'])}, "
                       f"{run['files_read']} file(s) read ({run['records_read']} records), {run['files_written']} "
                       f"written ({run['records_written']} records)",
                   f"    Read: Seqno:RBA {c['read']}; Write: Seqno:RBA {c['write']} last CSN {c['last_csn']}"]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", _TIMES])

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
-from trailbound.ggsci import header, lag, timestamp
+from trailbound.ggsci import header, lag, times_note, timestamp, utc
 from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
@@ -15,6 +15,9 @@ from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
 from trailbound.trail import fs as trailfs
 
+
+_TIMES = times_note("the Log Read Checkpoint and Audit TS (the source commit time of the last applied "
+                    "transaction)", "Last Started, Timestamp, Last update, created and the run history")
 
 def _checkpoint_row(config: Config, table: str, group: str, target_dsn: str | None):
     """(row or None, a note when it cannot be read)."""
@@ -51,11 +54,11 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     seqno = current.position.seqno
     where = trailfs.file_location(state.exttrail, seqno) if seqno else f"{state.exttrail} (not started)"
     lines.append(f"Log Read Checkpoint  File {where}")
-    lines.append(f"                     {timestamp(current.audit_ts)[:26]}  RBA {current.position.rba}")
+    lines.append(f"                     {timestamp(current.audit_ts)}  RBA {current.position.rba}")
     lines.append(f"Last applied CSN     {current.log_csn or 'none'}"
                  + (f"  (checkpoint table {state.checkpoint_table})" if row else f"  ({note})"))
     if showch is None:
-        return "\n".join(lines)
+        return "\n".join(lines + ["", _TIMES])
 
     f = state.checkpoint
     lines += ["", "Current Checkpoint Detail:", "", "Read Checkpoint #1", "", "    GGS Log Trail"]
@@ -92,12 +95,12 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
         lines.append("    The two agree.")
     if row is not None:
         lines += ["", f"    Checkpoint table {state.checkpoint_table}: group_key {row.group_key}, version {row.version}, "
-                      f"created {timestamp(row.create_ts)[:19]}, current_dir {row.current_dir}"]
+                      f"created {utc(row.create_ts)}, current_dir {row.current_dir}"]
     for run in runs:
-        lines += ["", f"Checkpoint history: run {run['run_id']} ended {timestamp(run['ended_at'])[:19]}, from the "
+        lines += ["", f"Checkpoint history: run {run['run_id']} ended {utc(run['ended_at'])}, from the "
                       f"{run['started_from']} at seqno {run['start_seqno']} rba {run['start_rba']} to seqno "
                       f"{run['end_seqno']} rba {run['end_rba']}, log_csn {run['log_csn'] or 'none'}",
                   f"    {run['transactions']} transactions ({run['operations']} operations) in {run['groups']} target "
                   f"transactions, {run['skipped']} skipped, {run['replayed_groups']} group(s) replayed, "
                   f"{run['collisions']} collision(s)"]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", _TIMES])

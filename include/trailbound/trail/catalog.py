@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from psycopg2.extras import execute_values
 
 from trailbound.errors import TrailboundError
+from trailbound.ggsci import utc
 from trailbound.positions import Csn, TrailPosition
 
 
@@ -70,7 +71,7 @@ def check_following(trail: str, rows: list[dict], first_seqno: int, *, reader: s
                                   f"(the next listed is {row['seqno']}); {reader} cannot skip it")
         if row["purged_at"] is not None:
             raise TrailboundError(f"{row['path']}: trail file seqno {row['seqno']} was purged at "
-                                  f"{row['purged_at']:%Y-%m-%d %H:%M:%S}, but {reader} still needs it; {hint}")
+                                  f"{utc(row['purged_at'])}, but {reader} still needs it; {hint}")
 
 
 def position_after(cur, trail: str, bound: Csn) -> TrailPosition:

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 
 from trailbound.config import Config
 from trailbound.crash import crashpoint
+from trailbound.ggsci import utc
 from trailbound.metadata import MetadataStore
 from trailbound.positions import TrailPosition
 from trailbound.trail import catalog
@@ -79,6 +80,11 @@ class PurgeResult:
     dry_run: bool
     trails: list[TrailOutcome] = field(default_factory=list)
 
+    def summary(self) -> dict:
+        """Per trail, what the purge did, as plain values (the retention Asset event's extra)."""
+        return {t.trail: {"purged_files": [v.seqno for v in t.purged], "purged_records": sum(v.records for v in t.purged),
+                          "kept_files": len(t.kept), "dry_run": self.dry_run} for t in self.trails}
+
     def describe(self) -> str:
         if not self.trails:
             return "No trail has committed files"
@@ -123,11 +129,11 @@ def decide(files: list[dict], readers: list[Reader], *, minkeephours: float, min
         elif f["seqno"] in newest:
             reason, purge = f"minkeepfiles {minkeepfiles} keeps the newest {minkeepfiles} file(s)", False
         elif f["created_at"] > cutoff:
-            reason, purge = (f"minkeephours {minkeephours:g}: committed {f['created_at']:%Y-%m-%d %H:%M:%S}, "
-                             f"not before {cutoff:%Y-%m-%d %H:%M:%S}"), False
+            reason, purge = (f"minkeephours {minkeephours:g}: committed {utc(f['created_at'])}, "
+                             f"not before {utc(cutoff)}"), False
         else:
             reason, purge = (f"every reader has passed it ({', '.join(str(r) for r in readers)}); committed "
-                             f"{f['created_at']:%Y-%m-%d %H:%M:%S} (minkeephours {minkeephours:g}); not among the "
+                             f"{utc(f['created_at'])} (minkeephours {minkeephours:g}); not among the "
                              f"newest {minkeepfiles} file(s)"), True
         verdicts.append(Verdict(f["seqno"], f["path"], f["records"], purge, reason))
     return verdicts

@@ -20,6 +20,7 @@ from trailbound.archive.contract import DEFS_FILE
 from trailbound.archive.writer import write_defs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
+from trailbound.ggsci import utc
 from trailbound.metadata import dsn_from_env
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
@@ -253,7 +254,7 @@ def describe_source(config: Config, name: str) -> str:
     if last:
         lines.append(f"  Last segment:   thread 1 sequence {last.sequence}, scn {last.first_scn}..{last.next_scn} "
                      f"({Lsn(last.first_scn)}..{Lsn(last.next_scn)}), {last.records} records, ends "
-                     f"{last.next_time:%Y-%m-%d %H:%M:%S} UTC")
+                     f"{utc(last.next_time)}")
         lines.append(f"  Time lag:       the archive reaches {lag.behind_seconds:.1f} s before the server's clock")
     else:
         lines.append(f"  Last segment:   none yet (the slot starts at scn {lag.start_scn}, {Lsn(lag.start_scn)})")
