@@ -181,12 +181,12 @@ def open_transactions(store: MetadataStore, config: Config, group: str) -> list[
         if t.skip_reason is not None:
             br = f"skipped: {t.skip_reason}"
         elif t.persisted is not None:
-            br = (f"persisted ({t.persisted.records} records through sequence {t.persisted.through_sequence} "
-                  f"rba {t.persisted.through_rba})")
+            through = t.persisted.through
+            br = f"persisted ({t.persisted.records} records through sequence {through.sequence} rba {through.rba})"
         else:
             br = "not persisted"
-        found.append(OpenTransaction(name, t.xid, t.thread, f"{t.thread}:{t.start.sequence}:{t.start.rba}",
-                                     t.start.scn, t.start.ts, age, t.records, t.bytes, br,
+        found.append(OpenTransaction(name, t.xid, t.thread, str(t.start.position),
+                                     t.start.scn.value, t.start.ts, age, t.records, t.bytes, br,
                                      t.skip_reason is None and age > limit))
     return sorted(found, key=lambda t: (t.start_time, t.start_scn))
 

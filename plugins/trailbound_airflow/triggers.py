@@ -25,8 +25,8 @@ def long_transactions(state, duration: timedelta) -> list[dict]:
     as the event carries them."""
     found = [t for t in state.open if t.skip_reason is None and state.read_time - t.start.ts > duration]
     return [{"xid": t.xid, "thread": t.thread, "age_seconds": (state.read_time - t.start.ts).total_seconds(),
-             "start_time": t.start.ts.isoformat(), "start_position": f"{t.thread}:{t.start.sequence}:{t.start.rba}",
-             "start_scn": t.start.scn, "records": t.records}
+             "start_time": t.start.ts.isoformat(), "start_position": str(t.start.position),
+             "start_scn": t.start.scn.value, "records": t.records}
             for t in sorted(found, key=lambda t: t.start.ts)]
 
 
