@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trailbound.errors import ConfigError
 
@@ -53,6 +53,17 @@ def _group_name(value: Any) -> str:
 
 
 GroupName = Annotated[str, BeforeValidator(_group_name)]
+
+
+def _qualified_patterns(value: list[str]) -> list[str]:
+    for pattern in value:
+        if "." not in pattern:
+            raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
+    return value
+
+
+# TABLE: schema.table names, * and ? as wildcards.
+TablePatterns = Annotated[list[str], AfterValidator(_qualified_patterns)]
 
 
 class _Section(BaseModel):
@@ -92,7 +103,7 @@ class PostgresSourceConfig(_Section):
     conn_id: str                       # Airflow connection the DAGs use instead
     slot: str                          # the logical replication slot (pgoutput) the pulls read
     publication: str                   # the publication holding the tables
-    table: list[str] = Field(min_length=1)  # schema.table, * and ? as wildcards: what the publication holds
+    table: TablePatterns = Field(min_length=1)  # what the publication holds
     segment: SegmentLimits = SegmentLimits()
 
     @field_validator("slot")
@@ -107,14 +118,6 @@ class PostgresSourceConfig(_Section):
     def _publication_name(cls, value: str) -> str:
         if not 1 <= len(value) <= 63:
             raise ValueError("a publication name is 1 to 63 characters")
-        return value
-
-    @field_validator("table")
-    @classmethod
-    def _tables_are_qualified(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            if "." not in pattern:
-                raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
         return value
 
 
@@ -169,7 +172,7 @@ class ExtractConfig(_Section):
 
     source: str                        # which source database's archive it reads
     exttrail: Path                     # EXTTRAIL: the trail prefix; files are <prefix><9-digit seqno>
-    table: list[str] = Field(min_length=1)  # TABLE: schema.table names, * and ? as wildcards
+    table: TablePatterns = Field(min_length=1)
     megabytes: float = Field(default=100, gt=0)  # ADD EXTTRAIL ... MEGABYTES: trail file rollover size
     begin: str = "earliest"            # ADD EXTRACT ... BEGIN, used when a run finds the group not added
     interval: Duration = timedelta(minutes=15)  # how often capture runs (its Airflow schedule)
@@ -182,14 +185,6 @@ class ExtractConfig(_Section):
         runs = -(-self.br.brinterval // self.interval)  # ceiling division of timedeltas
         return runs * self.interval
 
-    @field_validator("table")
-    @classmethod
-    def _tables_are_qualified(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            if "." not in pattern:
-                raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
-        return value
-
 
 class PumpConfig(_Section):
     """A data pump's parameters: the trail it reads and the remote trail it writes
@@ -197,21 +192,13 @@ class PumpConfig(_Section):
 
     exttrail: str                      # EXTTRAILSOURCE: the trail it reads (a path, or a URI)
     rmttrail: str                      # RMTTRAIL: the remote trail prefix, a path or Hadoop-compatible URI
-    table: list[str] | None = Field(default=None, min_length=1)  # TABLE: keep only these; absent: PASSTHRU
+    table: TablePatterns | None = Field(default=None, min_length=1)  # keep only these; absent: PASSTHRU
 
     @field_validator("exttrail", "rmttrail")
     @classmethod
     def _names_a_file_prefix(cls, value: str) -> str:
         if not value.strip() or value.endswith("/"):
             raise ValueError("a trail is a directory plus a file-name prefix, like var/dirdat/rt")
-        return value
-
-    @field_validator("table")
-    @classmethod
-    def _tables_are_qualified(cls, value: list[str] | None) -> list[str] | None:
-        for pattern in value or []:
-            if "." not in pattern:
-                raise ValueError(f"{pattern!r} must be schema.table (wildcards allowed: shop.*)")
         return value
 
 
