@@ -42,12 +42,13 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
               PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
               AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 
-.PHONY: help install db browser demo demo-live demo-run demo-register test bench env clean distclean airflow dags
+.PHONY: help install db browser demo demo-live demo-run demo-register test reliability bench env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
 	@echo "make demo-live the pipeline on a live PostgreSQL source (pgbench writing), through Airflow"
 	@echo "make test      set up, start a local PostgreSQL, run the whole test suite"
+	@echo "make reliability  run the crash matrix (every crash point x 3 seeds; long)"
 	@echo "make bench     run the benchmarks and write their results under docs/benchmarks/"
 	@echo "make airflow   start airflow standalone (the UI on http://localhost:8080) with the DAGs loaded"
 	@echo "make dags      regenerate dags/ from the configuration file"
@@ -141,6 +142,10 @@ browser:
 
 test: db browser
 	$(DB_ENV) $(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# The crash matrix (docs/reliability.md): every crash point x 3 seeds, kill -9 and rerun.
+reliability: db
+	$(DB_ENV) $(PYTHON) -m pytest -m matrix tests/test_crash_matrix.py $(PYTEST_ARGS)
 
 bench: db
 	@for script in tests/bench/bench_*.py; do echo "== $$script"; $(DB_ENV) $(PYTHON) $$script || exit 1; done

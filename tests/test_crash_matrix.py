@@ -321,6 +321,9 @@ def _transactions(records: list[tuple]) -> list[tuple[str, int]]:
     return [(r[xid], r[csn]) for r in records if r[ind] in (trail.BEGIN, trail.WHOLE)]
 
 
+# Each seed kills and reruns Spark jobs dozens of times: far longer than `make test`'s
+# budget, so the matrix runs on its own (`make reliability`).
+@pytest.mark.matrix
 @pytest.mark.long_running(150)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_crash_matrix(seed, tmp_path, spark, pg_server_dsn, metadata_template, capsys, monkeypatch, record_property):
