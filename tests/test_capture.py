@@ -61,7 +61,7 @@ def test_rollbacks_and_rolled_back_savepoints_leave_no_trace(tmp_path, spark, st
     result = run(spark, store, config)
     assert transactions(committed_trail(store, config)) == [("T1", [1, 3, 7])]
     assert result.open_transactions == 0 and state(store).open == [], "nothing may stay open"
-    assert state(store).read["recovery"][1].scn == 12, "no open transaction holds recovery back"
+    assert state(store).read["recovery"][1].scn == Scn(12), "no open transaction holds recovery back"
 
 
 @pytest.mark.long_running(20)
