@@ -270,6 +270,15 @@ def test_after_start_extract_brreset_info_predicts_the_restart_the_next_run_does
     assert predicted.startswith("Next run: normal (fallback: brreset requested) recovery"), predicted
     assert f"thread 1 from {long_one.start.position} (scn {long_one.start.scn})" in predicted, \
         "normal recovery goes back to the persisted transaction's true start"
+    # SHOWCH's recovery checkpoint is the one the fallback uses: the persisted transaction's start.
+    assert cli.main([*base, "info", "extract", "EXT1", "--showch"]) == 0
+    shown = capsys.readouterr().out
+    thread_1 = shown.split("Read Checkpoint #")[1:]
+    block = next(b for b in thread_1 if "Thread #: 1" in b)
+    recovery_block = block.split("Recovery Checkpoint (position of oldest")[1].split("Current Checkpoint")[0]
+    assert f"Sequence #: {long_one.start.position.sequence}" in recovery_block, recovery_block
+    assert f"RBA: {long_one.start.position.rba}" in recovery_block and f"SCN: {long_one.start.scn}" in recovery_block
+    assert f"{long_one.start.position.sequence:09d}" in recovery_block.split("Redo File: ")[1].split()[0]
 
     result = run(spark, store, config, 5)
     did = f"{result.recovery} recovery, {result.restart}"

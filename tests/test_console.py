@@ -160,7 +160,7 @@ def test_the_long_transaction_alert_reaches_a_users_notifier_with_group_xid_age_
 def test_the_view_renders_every_section_with_utc_times_and_relative_links():
     from datetime import datetime, timedelta, timezone
 
-    from trailbound_airflow.console import Snapshot, render
+    from trailbound_airflow.console import DagRunWindow, Snapshot, render
 
     now = datetime(2026, 11, 23, 1, 0, tzinfo=timezone.utc)
     point = status.LagPoint
@@ -168,10 +168,18 @@ def test_the_view_renders_every_section_with_utc_times_and_relative_links():
                                                         timedelta(seconds=60), None, "target <gone>", now)],
                     lags={("replicat", "REP1"): [point(now - timedelta(hours=1), timedelta(seconds=50)),
                                                  point(now, timedelta(seconds=5))]},
-                    dags={("replicat", "REP1"): ["replicat_rep1"]})
+                    dags={("replicat", "REP1"): ["replicat_rep1"]},
+                    # The run that committed the newest point; the older point has none (a CLI run).
+                    runs={"replicat_rep1": [DagRunWindow("replicat_rep1", "scheduled__2026-11-23T00:00:00+00:00",
+                                                         now - timedelta(minutes=2), now + timedelta(seconds=1))]})
     page = render(snap)
     assert "2026-11-23 01:00:00 UTC: target &lt;gone&gt;" in page, "escaped, with its zone"
     assert "href='../dags/replicat_rep1/runs'" in page and "href='../dags/control'" in page
+    # Each point of the lag chart links to the DAG run behind it, when there is one.
+    chart = page.split("<svg class=\"lag\"")[1].split("</svg>")[0]
+    assert chart.count("<circle") == 2 and chart.count("<a href=") == 1, chart
+    assert 'href="../dags/replicat_rep1/runs/scheduled__2026-11-23T00%3A00%3A00%2B00%3A00"' in chart
+    assert "DAG run replicat_rep1 scheduled__2026-11-23T00:00:00+00:00" in chart
     assert "<polyline" in page and "http" not in page.replace("http-equiv", ""), "no absolute URL, no CDN"
 
 

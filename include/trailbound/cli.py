@@ -354,19 +354,17 @@ def info_extract(ctx: Context) -> int:
 
 def _info(ctx: Context, program: str, describe: Callable[[str], str]) -> int:
     """INFO EXTRACT|PUMP|REPLICAT GROUP, where GROUP may hold GGSCI's wildcards (* ?):
-    each group's report, STOPPED turned ABENDED (with the error) when its last run failed."""
-    from trailbound import ggsci, status
+    each group's report."""
+    from trailbound import status
 
     pattern = ctx.args.group
-    groups = status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,))
     if not any(c in pattern for c in "*?"):
-        report = describe(pattern)  # its own error when the group is not configured or added
-        print(ggsci.with_run_status(report, groups[0]) if groups else report)
+        print(describe(pattern))  # its own error when the group is not configured or added
         return 0
-    added = [g for g in groups if g.added]
+    added = [g for g in status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,)) if g.added]
     if not added:
         raise TrailboundError(f"no {program} group matching {pattern!r} is added")
-    print("\n\n".join(ggsci.with_run_status(describe(g.group), g) for g in added))
+    print("\n\n".join(describe(g.group) for g in added))
     return 0
 
 

@@ -30,10 +30,17 @@ def lag(seconds: float) -> str:
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def header(kind: str, group: str, last_started: datetime | None, running: bool) -> str:
-    """INFO's first line: `EXTRACT    EXT1      Last Started 2026-11-02 00:00   Status STOPPED`."""
+def header(kind: str, group: str, last_started: datetime | None, state) -> str:
+    """INFO's first lines: `EXTRACT    EXT1      Last Started 2026-11-02 00:00 UTC   Status STOPPED`,
+    then what the run log knows (`state`, a trailbound.status.RunState): an ABENDED group's
+    error and its time, else when the last run ended well."""
     started = f"{last_started.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC" if last_started else "never"
-    return f"{kind.upper():<10} {group:<9} Last Started {started}   Status {'RUNNING' if running else 'STOPPED'}"
+    lines = [f"{kind.upper():<10} {group:<9} Last Started {started}   Status {state.status}"]
+    if state.status == "ABENDED":
+        lines.append(f"Last Error           {utc(state.error_time)}  {state.error}")
+    elif state.last_run is not None and state.last_run.outcome == "ok":
+        lines.append(f"Last Run             ended {utc(state.last_run.ended_at)}, ok")
+    return "\n".join(lines)
 
 
 def utc(value: datetime | str | None) -> str:
@@ -66,17 +73,3 @@ def info_all(groups, now: datetime) -> str:
     lines += ["", "Lag at Chkpt: the checkpoint's wall time minus the log time of the last record it covers; "
                   "Time Since Chkpt: now minus the checkpoint's wall time."]
     return "\n".join(lines)
-
-
-def with_run_status(report: str, group) -> str:
-    """An INFO report with what the run log knows: ABENDED (and why) in place of STOPPED,
-    and the last run's outcome."""
-    first, _, rest = report.partition("\n")
-    if group.status == "ABENDED":
-        first = first.replace("Status STOPPED", "Status ABENDED")
-    extra = []
-    if group.status == "ABENDED":
-        extra.append(f"Last Error           {utc(group.error_time)}  {group.error}")
-    elif group.last_run is not None and group.last_run.outcome == "ok":
-        extra.append(f"Last Run             ended {utc(group.last_run.ended_at)}, ok")
-    return "\n".join([first, *extra, rest] if rest else [first, *extra])

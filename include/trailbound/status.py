@@ -49,6 +49,17 @@ class GroupStatus:
 
 
 @dataclass(frozen=True)
+class RunState:
+    """What INFO's header says of a group: its status and, when ABENDED, why and since when;
+    else the last run that ended well."""
+
+    status: str                      # RUNNING | STOPPED | ABENDED
+    error: str | None = None
+    error_time: datetime | None = None
+    last_run: runlog.RunOutcome | None = None
+
+
+@dataclass(frozen=True)
 class OpenTransaction:
     """An open transaction of a capture, as SEND EXTRACT ... SHOWTRANS lists it."""
 
@@ -106,17 +117,22 @@ def commit_time(cur, csn: Csn) -> datetime | None:
     return row["first_time"] + (row["next_time"] - row["first_time"]) * fraction
 
 
-def _status(store: MetadataStore, program: str, group: str, last: runlog.RunOutcome | None) -> tuple[str, str | None,
-                                                                                                   datetime | None]:
+def _status(store: MetadataStore, program: str, group: str, last: runlog.RunOutcome | None) -> RunState:
     if is_running(store, program, group):
-        return "RUNNING", None, None
+        return RunState("RUNNING", last_run=last)
     if last is None or last.outcome == "ok":
-        return "STOPPED", None, None
+        return RunState("STOPPED", last_run=last)
     if last.outcome == "error":
-        return "ABENDED", last.error, last.ended_at
+        return RunState("ABENDED", last.error, last.ended_at, last)
     # `running` with nothing holding the group: the process died without a word.
-    return "ABENDED", f"run {last.run_id} ({last.command}) ended without recording an outcome (killed?)", \
-        last.started_at
+    return RunState("ABENDED", f"run {last.run_id} ({last.command}) ended without recording an outcome (killed?)",
+                    last.started_at, last)
+
+
+def run_state(store: MetadataStore, program: str, group: str) -> RunState:
+    """One group's status, the rule INFO ALL applies: what INFO EXTRACT|PUMP|REPLICAT shows."""
+    last = runlog.last_outcomes(store).get((program, group.upper()))
+    return _status(store, program, group, last)
 
 
 def info_all(store: MetadataStore, config: Config, *, now: datetime | None = None,
@@ -149,7 +165,8 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
         names.update({key: row["group_name"] for key, row in rows[program].items()})
         for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
             name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
-            status, error, error_time = _status(store, program, name, last)
+            state = _status(store, program, name, last)
+            status, error, error_time = state.status, state.error, state.error_time
             if row is None:
                 found.append(GroupStatus(program, name, status, False, None, None, None, None, error, error_time,
                                          last))

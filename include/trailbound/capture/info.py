@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 
+from trailbound.archive.catalog import ArchiveCatalog
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import header, lag, timestamp, times_note, utc
-from trailbound.grouplock import is_running
+from trailbound.status import run_state
 from trailbound.metadata import MetadataStore
 
 _TIMES = times_note("the read checkpoints' Timestamp and the times of open transactions and BR checkpoints "
@@ -32,6 +34,23 @@ def _read_block(kind: str, c: ckpt.ReadCheckpoint) -> list[str]:
             f"        Timestamp: {timestamp(c.ts)}",
             f"        SCN: {c.scn}",
             f"        Redo File: {c.segment or 'Not Available'}"]
+
+
+def _as_used(kind: str, stored: ckpt.ReadCheckpoint, start: ckpt.ReadCheckpoint | None) -> ckpt.ReadCheckpoint:
+    """The recovery checkpoint the next run uses. The stored one was written for Bounded
+    Recovery (persisted transactions need no re-read); when the next run falls back to
+    normal recovery, it re-reads from the start of its oldest open transaction, which may
+    be earlier (GoldenGate's recovery checkpoint is that start)."""
+    if kind == "recovery" and start is not None and start.position < stored.position:
+        return start
+    return stored
+
+
+def _redo_file(store: MetadataStore, source: str, position) -> str | None:
+    """The archived segment a log position is in (a transaction's start carries no file name)."""
+    found = [g.path.name for g in ArchiveCatalog(store, source).segments()
+             if (g.thread, g.sequence) == (position.thread, position.sequence)]
+    return found[0] if found else None
 
 
 def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.ExtractState) -> list[str]:
@@ -89,7 +108,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
         runs = ckpt.history(cur, name, showch) if showch else []
     if state is None:
         raise TrailboundError(f"extract {name} is not added (it is added by its first run or `trailbound add extract`)")
-    lines = [header("extract", name, state.last_started, is_running(store, "extract", name))]
+    lines = [header("extract", name, state.last_started, run_state(store, "extract", name))]
     current = state.read["current"]
     if current and state.last_run_end:
         newest = max((c.ts for c in current.values() if c.ts), default=None)
@@ -115,16 +134,19 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
         return "\n".join(lines + ["", _TIMES])
 
     lines += ["", "Current Checkpoint Detail:"]
+    # What the next run does, by the very rules it uses (capture.recovery).
+    plan = recovery.plan(state, config.extract(name))
+    restart = recovery.restart_point(state, plan)
     threads = sorted(set().union(*(state.read[k].keys() for k in ckpt.READ_KINDS)))
     for index, thread in enumerate(threads, start=1):
         lines += ["", f"Read Checkpoint #{index}", "", "    Redo Archive"]
         for kind in ckpt.READ_KINDS:
             if thread in state.read[kind]:
-                lines += _read_block(kind, state.read[kind][thread])
+                used = _as_used(kind, state.read[kind][thread], restart.starts.get(thread))
+                if used.segment is None:
+                    used = dataclasses.replace(used, segment=_redo_file(store, state.source, used.position))
+                lines += _read_block(kind, used)
     if state.read_scn is not None:
-        # What the next run does, by the very rules it uses (capture.recovery).
-        plan = recovery.plan(state, config.extract(name))
-        restart = recovery.restart_point(state, plan)
         b = state.br_checkpoint
         if plan.mode == recovery.BOUNDED and b is not None:
             lines += ["", "    Bounded Recovery Checkpoint (where the next run restarts; persisted transactions "

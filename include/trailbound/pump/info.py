@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
-from trailbound.grouplock import is_running
+from trailbound.status import run_state
 from trailbound.ggsci import header, times_note, utc
 from trailbound.metadata import MetadataStore
 from trailbound.pump import checkpoints as pck
@@ -24,7 +24,7 @@ def describe_pump(store: MetadataStore, config: Config, group: str, *, showch: i
         behind = len(catalog.committed_files(cur, state.exttrail, state.next_source_seqno()))
         runs = pck.history(cur, name, showch) if showch else []
     mode = "PASSTHRU" if config.pump(name).table is None else f"TABLE {', '.join(config.pump(name).table)}"
-    lines = [header("pump", name, state.last_started, is_running(store, "pump", name)),
+    lines = [header("pump", name, state.last_started, run_state(store, "pump", name)),
              f"Source Trail         {state.exttrail} (committed up to seqno {last or 0}; "
              f"{behind} file(s) not shipped yet)",
              f"Read Checkpoint      Seqno {state.read.seqno}, RBA {state.read.rba}",

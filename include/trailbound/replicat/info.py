@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import header, lag, times_note, timestamp, utc
-from trailbound.grouplock import is_running
+from trailbound.status import run_state
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
@@ -46,7 +46,7 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
         raise TrailboundError(f"replicat {name} is not added (its first run or `alter replicat` adds it)")
     row, note = _checkpoint_row(config, state.checkpoint_table, name, target_dsn)
     current = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts) if row else state.checkpoint
-    lines = [header("replicat", name, state.last_started, is_running(store, "replicat", name))]
+    lines = [header("replicat", name, state.last_started, run_state(store, "replicat", name))]
     if current.audit_ts is not None:
         updated = row.last_update_ts if row else state.updated_at
         lines.append(f"Checkpoint Lag       {lag((updated - current.audit_ts).total_seconds())} "
