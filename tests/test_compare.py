@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,7 @@ from trailbound.pump.run import run_pump
 from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
+VENV_BIN = Path(sys.executable).parent
 
 TABLES = [("public", "pgbench_accounts"), ("public", "pgbench_branches"), ("public", "pgbench_tellers"),
           ("public", "pgbench_history")]
@@ -171,3 +174,55 @@ def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_bac
     again = world.compare(wait_seconds=0)
     assert (again.out_of_sync, again.in_flight) == (0, 0), again.describe()
     assert digests(world.target, TABLES) == digests(world.source, TABLES)
+
+
+@pytest.mark.long_running(200)
+def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across_runs(
+        spark, store, tmp_path, source_dsn, target_dsn, monkeypatch):
+    """Airflow (`airflow dags test`): the compare DAG, triggered with a table pattern and no
+    wait, finds two rows changed behind the replicat's back on an idle source; the
+    replicat is not past them yet, so they are in flight and the run succeeds. After the
+    pipeline has run once more (nothing to apply, but capture reads past them), the
+    replicat DAG's Great Expectations check compares again and confirms both: it fails."""
+    from test_dags import AirflowWorld, as_uri
+
+    execute(source_dsn, "CREATE TABLE public.items (id int PRIMARY KEY, note text)",
+            "CREATE TABLE public.other (id int PRIMARY KEY)")
+    world = World(spark, store, tmp_path, source_dsn, target_dsn, monkeypatch)
+    world.config_path = write_config(tmp_path, tables=("public.items", "public.other"))
+    world.config = configuration.load(world.config_path)
+    assert world.cli("add", "source", "PG") == 0
+    assert world.cli("target", "create") == 0
+    execute(source_dsn, "INSERT INTO public.items SELECT g, 'n' || g FROM generate_series(1, 500) g")
+    world.pipeline()
+    execute(target_dsn, "UPDATE public.items SET note = 'changed' WHERE id = 3", "DELETE FROM public.items WHERE id = 4")
+
+    airflow = AirflowWorld(tmp_path, world.config_path, store.connection.dsn, target_dsn)
+    airflow.env.pop(SOURCE_ENV, None)
+    airflow.env["AIRFLOW_CONN_SOURCE_PG"] = as_uri(source_dsn)  # the DAGs find the source through its connection
+    assert (airflow.dags / "compare_pg_rep1.py").exists()
+
+    def dags_test(dag_id: str, conf: dict | None = None) -> tuple[str, str]:
+        from datetime import UTC, datetime
+
+        command = [str(VENV_BIN / "airflow"), "dags", "test", dag_id, datetime.now(UTC).replace(microsecond=0).isoformat()]
+        done = subprocess.run(command + (["--conf", json.dumps(conf)] if conf else []), env=airflow.env,
+                              capture_output=True, text=True, timeout=900)
+        output = done.stdout + done.stderr
+        finished = [line for line in output.splitlines() if "DagRun Finished" in line]
+        assert finished, output[-3000:]
+        return ("success" if "state=success" in finished[-1] else "failed"), output
+
+    state, output = dags_test("compare_pg_rep1", {"table": "public.items", "wait_seconds": 0})
+    assert state == "success", output[-3000:]
+    assert "2 row(s) in flight" in output and "tables public.items: IN SYNC" in output, output[-3000:]
+
+    world.pipeline()
+    state, output = dags_test("replicat_rep1")
+    assert state == "failed", output[-3000:]
+    assert "FAILED: 2 target tables against source PG" in output and "differing: public.items" in output, \
+        output[-3000:]
+    with store.transaction() as cur:
+        cur.execute("SELECT r.kind, r.key->>'id' AS id FROM trailbound.compare_row r WHERE r.run_id ="
+                    " (SELECT max(run_id) FROM trailbound.compare_run) ORDER BY 2")
+        assert [(r["kind"], r["id"]) for r in cur.fetchall()] == [("different", "3"), ("missing", "4")]
