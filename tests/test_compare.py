@@ -226,3 +226,17 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
         cur.execute("SELECT r.kind, r.key->>'id' AS id FROM trailbound.compare_row r WHERE r.run_id ="
                     " (SELECT max(run_id) FROM trailbound.compare_run) ORDER BY 2")
         assert [(r["kind"], r["id"]) for r in cur.fetchall()] == [("different", "3"), ("missing", "4")]
+
+
+def test_compare_refuses_a_source_without_postgres_and_a_replicat_of_another_source(tmp_path, capsys):
+    config_path = tmp_path / "trailbound.yaml"
+    config_path.write_text(f"home: {tmp_path}\nsources:\n  SIM:\n    altarchivelogdest: a\n"
+                           "  PG:\n    altarchivelogdest: b\n    postgres: {dsn_env: X, conn_id: x, slot: s, "
+                           "publication: p, table: ['public.*']}\n"
+                           "replicats:\n  REP1: {exttrail: rt, source: SIM}\n  REP2: {exttrail: rt2, source: PG}\n")
+    assert cli.main(["--config", str(config_path), "compare", "SIM", "REP1"]) == 1
+    assert "source SIM has no postgres: block" in capsys.readouterr().err
+    assert cli.main(["--config", str(config_path), "compare", "PG", "REP1"]) == 1
+    assert "replicat REP1 applies source SIM, not PG" in capsys.readouterr().err
+    assert cli.main(["--config", str(config_path), "compare", "PG", "REP9"]) == 1
+    assert "no replicat named 'REP9'" in capsys.readouterr().err

@@ -521,9 +521,10 @@ def target_create(ctx: Context) -> int:
 # ---------------------------------------------------------------- compare
 
 def compare(ctx: Context) -> int:
-    from trailbound.compare.run import compare as run_compare
+    from trailbound.compare.run import compare as run_compare, resolve
 
     args = ctx.args
+    resolve(ctx.config, args.source, args.replicat)  # refuse before Spark starts
     report = run_compare(ctx.spark, ctx.store, ctx.config, args.source, args.replicat, pattern=args.table,
                          chunk_rows=args.chunk_rows, wait_seconds=args.wait, report_dir=args.report_dir)
     print(report.describe())

@@ -254,6 +254,18 @@ def _write_files(report: CompareReport) -> None:
         partial.replace(target)
 
 
+def resolve(config: Config, source: str, replicat: str) -> tuple[str, str]:
+    """(source, replicat) as configured; refused unless the replicat applies that source
+    and the source is a live PostgreSQL one."""
+    group = config.replicat_name(replicat)
+    source = config.source_name(source)
+    applies = config.source_name(config.replicat(group).source)
+    if applies != source:
+        raise TrailboundError(f"replicat {group} applies source {applies}, not {source}")
+    config.postgres(source)
+    return source, group
+
+
 def compare(spark, store, config: Config, source: str, replicat: str, *, pattern: str = "*",
             chunk_rows: int = ranges.DEFAULT_CHUNK_ROWS, wait_seconds: float = DEFAULT_WAIT_SECONDS,
             catch_up: Callable[[], None] | None = None, report_dir: Path | None = None,
@@ -261,11 +273,7 @@ def compare(spark, store, config: Config, source: str, replicat: str, *, pattern
     """Compare a source's tables (matching `pattern`, schema.table with * and ?) with the
     target tables replicat `replicat` maps them to. See the module's docstring."""
     started = datetime.now(UTC)
-    group = config.replicat_name(replicat)
-    source = config.source_name(source)
-    applies = config.source_name(config.replicat(group).source)
-    if applies != source:
-        raise TrailboundError(f"replicat {group} applies source {applies}, not {source}")
+    source, group = resolve(config, source, replicat)
     pg = config.postgres(source)
     source_dsn = source_dsn or dsn_from_env(pg.dsn_env)
     target_dsn = target_dsn or dsn_from_env(config.target.dsn_env)
