@@ -1,5 +1,6 @@
 """Data-quality checks with Great Expectations: new trail files after a capture run, and
-the replica after a replicat run (validate_replica, against replicat/expected.py).
+the replica after a replicat run (validate_replica, against replicat/expected.py, or for a
+live PostgreSQL source a compare with the source itself: validate_compare).
 
 The checks a user relies on, as expectations on the trail's records:
 - commit order: CSNs never decrease, and no record sorts before the one above it by
