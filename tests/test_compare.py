@@ -218,6 +218,7 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
     state, output = dags_test("compare_pg_rep1", {"table": "public.items", "wait_seconds": 0})
     assert state == "success", output[-3000:]
     assert "2 row(s) in flight" in output and "tables public.items: IN SYNC" in output, output[-3000:]
+    assert "NOTE 2 row(s) still in flight" in output and "it did not get past them within 0 s" in output
 
     world.pipeline()
     state, output = dags_test("replicat_rep1")
