@@ -1,5 +1,5 @@
-"""What a compare asks either side: a range's digest, its rows, rows by key, and (on the
-source) the WAL position right after a read. And the one Spark task per key range.
+"""What a compare asks either side: a range's digest, a hash per row of a range, rows by
+key, and (on the source) the WAL position right after a read. And the one Spark task per key range.
 
 Both sides run in sessions with the same settings, so that equal values have equal
 text whatever the servers' defaults: a row is compared as the text of its columns. The
@@ -172,6 +172,20 @@ def rows(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyRan
         return found
 
 
+def row_hashes(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyRange) -> dict[tuple, tuple]:
+    """key text -> (key values, md5 of the row's text) for a range of a keyed table: what
+    a range that differs is compared by first, so that only differing rows travel whole."""
+    row = sql.SQL("ROW({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in table.columns))
+    names = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
+    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in table.key)
+    where, args = predicate(table.key, table.keyless, bounds)
+    width = len(table.key)
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT md5({}::text), {}, {} FROM {} WHERE {}").format(
+            row, names, texts, sql.Identifier(*relation), where), args)
+        return {tuple(r[1 + width:]): (tuple(_picklable(v) for v in r[1:1 + width]), r[0]) for r in cur.fetchall()}
+
+
 def differences(table: TableSpec, source: dict, target: dict, lsn: int) -> list[RowDifference]:
     """Keys whose images differ, from two `rows` answers."""
     found = []
@@ -184,7 +198,8 @@ def differences(table: TableSpec, source: dict, target: dict, lsn: int) -> list[
 
 def check_range(task: RangeTask) -> RangeResult:
     """One Spark task: both sides' digests of the range, read at the same time; only
-    when they differ, both sides' rows, compared by key."""
+    when they differ, both sides' row hashes by key, then whole rows for the keys whose
+    hashes differ (a table without a key: both sides' rows, counted)."""
     table, bounds = task.table, task.bounds
     source = connect(task.source_dsn, f"the source (comparing {table.source})")
     try:
@@ -200,19 +215,39 @@ def check_range(task: RangeTask) -> RangeResult:
             if (source_rows, source_digest) == (target_rows, target_digest):
                 return RangeResult(table.source, bounds.index, source_rows, target_rows, True, source_rows)
 
-            def read_source():
-                found = rows(source, table, table.source_rel, bounds)
-                return found, current_lsn(source)
-
-            on_source = pool.submit(read_source)
-            on_target = pool.submit(rows, target, table, table.target_rel, bounds)
-            (source_found, lsn), target_found = on_source.result(), on_target.result()
+            if table.keyless:  # no key to ask by: both sides' rows, counted
+                on_source = pool.submit(rows, source, table, table.source_rel, bounds)
+                on_target = pool.submit(rows, target, table, table.target_rel, bounds)
+                source_found, target_found = on_source.result(), on_target.result()
+                lsn = current_lsn(source)
+                compared = (sum(n for _, n in source_found.values()) + sum(n for _, n in target_found.values())
+                            - sum(min(n, target_found[k][1]) for k, (_, n) in source_found.items()
+                                  if k in target_found))  # rows on both sides count once
+                return RangeResult(table.source, bounds.index, source_rows, target_rows, False, compared,
+                                   differences(table, source_found, target_found, lsn))
+            # A row hash per key first; whole rows only for the keys whose hashes differ.
+            on_source = pool.submit(row_hashes, source, table, table.source_rel, bounds)
+            on_target = pool.submit(row_hashes, target, table, table.target_rel, bounds)
+            source_hashes, target_hashes = on_source.result(), on_target.result()
+            differing = [k for k in source_hashes.keys() | target_hashes.keys()
+                         if (source_hashes.get(k) or (None, None))[1] != (target_hashes.get(k) or (None, None))[1]]
+            compared = len(source_hashes.keys() | target_hashes.keys())
+            found = {}
+            for start in range(0, len(differing), 5000):
+                batch = differing[start:start + 5000]
+                values = [(source_hashes.get(k) or target_hashes.get(k))[0] for k in batch]
+                on_source = pool.submit(rows, source, table, table.source_rel, keys=values)
+                on_target = pool.submit(rows, target, table, table.target_rel, keys=values)
+                source_part, target_part = on_source.result(), on_target.result()
+                lsn = current_lsn(source)
+                found.update({k: (source_part.get(k), target_part.get(k), lsn) for k in batch})
     finally:
         source.close()
         target.close()
-    compared = (sum(n for _, n in source_found.values()) + sum(n for _, n in target_found.values())
-                if table.keyless else len(source_found.keys() | target_found.keys()))
-    if table.keyless:  # rows present on both sides count once
-        compared -= sum(min(n, target_found[k][1]) for k, (_, n) in source_found.items() if k in target_found)
-    return RangeResult(table.source, bounds.index, source_rows, target_rows, False, compared,
-                       differences(table, source_found, target_found, lsn))
+    result = []
+    for key in sorted(found, key=lambda k: tuple("" if v is None else v for v in k)):
+        (values_a, a), (values_b, b) = (found[key][0] or (None, None)), (found[key][1] or (None, None))
+        if a != b:  # a row may have changed back between the two reads
+            result.append(RowDifference(table.source, key, values_a or values_b, a, b, found[key][2]))
+    return RangeResult(table.source, bounds.index, source_rows, target_rows, False, compared, result)
+
