@@ -269,6 +269,7 @@ class AirflowConfig(_Section):
 
     start_date: datetime = datetime(2026, 11, 1, tzinfo=timezone.utc)  # first data interval of every schedule
     retention_interval: Duration = timedelta(hours=4)                  # how often the retention DAG runs
+    compare_interval: Duration = timedelta(days=1)                     # how often a live source's compare DAG runs
     # Called when any run of a trailbound DAG fails (the long-transaction monitor's alert
     # among them): dotted paths to functions or notifier instances importable in Airflow.
     on_failure_callbacks: tuple[str, ...] = ("trailbound_airflow.alerts.log_alert",)

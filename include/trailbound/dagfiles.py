@@ -101,6 +101,21 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             "Expectations (row counts and checksums against the expected state).",
             "replicat_dag", group=name, start_date=start, trail=_trail(replicat.exttrail),
             on_failure_callbacks=alerts)
+        source = config.source_name(replicat.source)
+        extract_intervals = [e.interval for e in config.extracts.values() if config.source_name(e.source) == source]
+        if config.sources[source].postgres is not None:
+            # Long enough for the capture, pump and replicat DAGs to carry a difference
+            # through: two capture intervals (at least five minutes).
+            wait = max([timedelta(minutes=5), *[2 * i for i in extract_intervals]])
+            files[f"compare_{source.lower()}_{name.lower()}.py"] = _render(
+                f"Compare {source} with replicat {name}'s target, every {config.airflow.compare_interval}.",
+                "Compares the live source's tables with their target tables on Spark by key ranges\n"
+                "(`trailbound compare`): a digest per range, rows only where a range differs; a\n"
+                "difference counts once the replicat has applied past where it was read and it is\n"
+                "still there. Trigger it from the UI with params table (a pattern) and wait_seconds.\n"
+                "Fails, firing the alerts, when rows are out of sync; the report file is in the log.",
+                "compare_dag", group=name, source=source, interval=config.airflow.compare_interval,
+                start_date=start, wait_seconds=int(wait.total_seconds()), on_failure_callbacks=alerts)
     files["retention.py"] = _render(
         f"Archive-log retention, every {config.airflow.retention_interval}.",
         "Purges redo segments below the minimum SCN every registered capture still needs,\n"

@@ -265,17 +265,61 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
         @task(retries=0)
         def check_replica() -> str:
             """Row counts and per-table checksums of the target against what the applied
-            trail says should be there (or the source's truth file, once applied through)."""
+            trail says should be there (or the source's truth file, once applied through);
+            for a live PostgreSQL source, a compare with the source itself."""
+            from contextlib import nullcontext
+
             from trailbound import quality
 
             hook = TrailboundHook()
-            with hook.store() as store:
-                report = quality.validate_replica(hook.config, store, group)
+            source = hook.config.replicat(group).source
+            live = hook.config.source(source).postgres is not None
+            if live:
+                hook.export_source_dsn(source)
+                hook.export_target_dsn()
+            with (hook.spark(f"trailbound replica check {group}") if live else nullcontext()) as spark, \
+                    hook.store() as store:
+                report = quality.validate_replica(hook.config, store, group, spark=spark)
             if not report.success:
                 raise ValueError(report.describe())
             return report.describe()
 
         apply >> check_replica()
+    return dag
+
+
+def compare_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: timedelta, start_date: datetime,
+                wait_seconds: float, on_failure_callbacks: Sequence[str] = ()) -> DAG:
+    """Compare per live source and replicat: on its schedule, or triggered from the UI
+    with a table pattern, compares the source's tables with the replicat's target tables
+    (`trailbound compare`), waits up to `wait_seconds` for the replicat to get past each
+    difference, and fails (firing the alerts) when rows are out of sync."""
+    params = {
+        "table": Param("*", type="string", minLength=1, maxLength=256,
+                       description="source tables to compare: schema.table with * and ? (default: every mapped one)"),
+        "wait_seconds": Param(wait_seconds, type="number", minimum=0, maximum=86400,
+                              description="how long to wait for the replicat to get past a difference before "
+                                          "reporting it in flight"),
+    }
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["compare", source, group],
+              schedule=DeltaDataIntervalTimetable(interval), max_active_runs=1, params=params,
+              default_args={**DEFAULT_ARGS, "retries": 0}) as dag:
+
+        @task
+        def compare_tables(params: dict | None = None) -> str:
+            """The compare, then Great Expectations on its figures: nothing missing, extra
+            or different once confirmed. The report file's path is in the log."""
+            from trailbound import quality
+
+            report = TrailboundHook().compare(source, group, pattern=params["table"],
+                                              wait_seconds=float(params["wait_seconds"]))
+            print(report.describe())
+            checked = quality.validate_compare(report)
+            if not checked.success:
+                raise ValueError(checked.describe())
+            return checked.describe()
+
+        compare_tables()
     return dag
 
 

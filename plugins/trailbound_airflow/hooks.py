@@ -71,16 +71,48 @@ class TrailboundHook(BaseHook):
             raise AirflowException(f"trailbound {' '.join(argv)} failed: {output.getvalue().strip()}")
         return output.getvalue().strip()
 
-    def pull_archive(self, source: str) -> str:
-        """`trailbound archive pull SOURCE`, the source's DSN from its Airflow connection
-        (`conn_id`), else from its variable (`dsn_env`); the DSN itself is never logged."""
+    def export_source_dsn(self, source: str) -> None:
+        """Put a live source's DSN where the engine reads it (its `dsn_env` variable), from
+        its Airflow connection (`conn_id`) when defined; the DSN itself is never logged."""
         pg = self.config.postgres(source)
         dsn = self._connection_dsn(pg.conn_id, pg.dsn_env)
         if not dsn:
             raise AirflowException(f"source {source}: no DSN: define the Airflow connection {pg.conn_id} "
                                    f"or set ${pg.dsn_env}")
         os.environ[pg.dsn_env] = dsn
+
+    def export_target_dsn(self) -> None:
+        target = self.config.target
+        dsn = self._connection_dsn(target.conn_id, target.dsn_env)
+        if dsn:
+            os.environ[target.dsn_env] = dsn
+
+    def pull_archive(self, source: str) -> str:
+        """`trailbound archive pull SOURCE`, the source's DSN from its Airflow connection."""
+        self.export_source_dsn(source)
         return self.run_command(["archive", "pull", source])
+
+    def compare(self, source: str, replicat: str, *, pattern: str = "*", wait_seconds: float = 0.0):
+        """`trailbound compare SOURCE REPLICAT` on a local Spark session in this task (the
+        source's DSN stays in this process: a spark-submit job would need it on its
+        command line or in its rendered environment); returns the CompareReport."""
+        from trailbound.compare.run import compare
+
+        self.export_source_dsn(source)
+        self.export_target_dsn()
+        with self.spark(f"trailbound compare {source} {replicat}") as spark, self.store() as store:
+            return compare(spark, store, self.config, source, replicat, pattern=pattern, wait_seconds=wait_seconds)
+
+    @contextmanager
+    def spark(self, name: str):
+        """A Spark session for work that runs inside the task (local unless $SPARK_MASTER)."""
+        from trailbound import spark as spark_session
+
+        session = spark_session.session(name)
+        try:
+            yield session
+        finally:
+            session.stop()
 
     @contextmanager
     def store(self) -> Iterator[MetadataStore]:

@@ -1,0 +1,14 @@
+"""Compare: a Veridata-style check that a PostgreSQL source's tables and their replicat
+targets hold the same rows (`trailbound compare SRC REP1`, docs/compare.md).
+
+    ranges.py    key ranges of a table, planned on the source (the boundaries both sides use)
+    sides.py     the SQL run on either side: session settings, a range's digest, its rows,
+                 rows by key; the one Spark task per range (check_range)
+    confirm.py   how far the replicat has applied (an LSN), and the confirm-out-of-sync step
+    run.py       one compare: plan, Spark round, confirm, results, the metadata store, report files
+    repair.py    the repair script: SQL that brings the target in line with the source
+
+The command line, `quality.py` (the replica check of a live source) and the Airflow
+plugin import this package; no other engine package does. It reads the source database
+directly (plain SELECTs, no locks), never through trailbound.sources.
+"""
