@@ -165,16 +165,23 @@ class Windows:
         rows = records.filter(pc.fill_null(pc.is_in(tables, value_set=relevant), False)) \
             .select(["op", "table", "before", "after"]).to_pylist()
         changed: dict[str, set[str]] = {}
+        latest: dict[tuple[str, str], str | None] = {}  # (table, key) -> its last after image here
         for row in rows:
             if row["table"] == WATERMARK.name:
+                if row["op"] == "UPDATE":
+                    self._restore(cur, latest)
                 self._watermark(cur, row, open_windows, changed)
                 continue
             for window in [w for w in open_windows.values() if w.source_table == row["table"]]:
                 if row["op"] == "TRUNCATE":
                     cur.execute(sql.SQL("UPDATE {} SET truncated = true WHERE window_id = %s").format(
                         OPEN_WINDOW.ident), (window.window_id,))
-                else:
-                    changed.setdefault(window.window_id, set()).update(self._keys(window, row))
+                    continue
+                keys = self._keys(window, row)
+                changed.setdefault(window.window_id, set()).update(keys)
+                for key in keys:
+                    latest[row["table"], key] = row["after"] if row["op"] != "DELETE" else None
+        self._restore(cur, latest)
         self._save_keys(cur, changed)
 
     # ---------------------------------------------------------------- watermark records
@@ -225,6 +232,29 @@ class Windows:
         if values:
             execute_values(cur, sql.SQL("INSERT INTO {} (window_id, key) VALUES %s ON CONFLICT DO NOTHING").format(
                 CHANGED_KEY.ident).as_string(cur), values, template="(%s, %s::jsonb)")
+
+    def _restore(self, cur, latest: dict) -> None:
+        """A key the log changed inside a window is left out of the chunk: the target must
+        hold the log's version. Before its chunk is applied the row may not be in the
+        target at all (a table being loaded), and HANDLECOLLISIONS skipped the UPDATE of
+        a missing row: put the update's whole new row in (an image without a TOASTed
+        column it did not change cannot be, and is logged)."""
+        for (table, key), after in latest.items():
+            if after is None:
+                continue
+            plan = self.plans.get(table)
+            values = json.loads(after)
+            if plan is None or not set(plan.columns) <= set(values):
+                log.warning("load: %s key %s changed inside a load window with a partial row image (an unchanged "
+                            "TOASTed column); if the target lacks the row, load that key range again", table, key)
+                continue
+            columns = sql.SQL(", ").join(map(sql.Identifier, plan.columns))
+            picked = sql.SQL(", ").join(sql.Identifier("r", c) for c in plan.columns)
+            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM jsonb_populate_record(NULL::{}, %s::jsonb) r"
+                                " WHERE NOT EXISTS (SELECT 1 FROM {} t WHERE {} = {})").format(
+                plan.ident, columns, picked, plan.ident, plan.ident, key_row(plan.key, "t"), key_row(plan.key, "r")),
+                (after,))
+        latest.clear()
 
     # ---------------------------------------------------------------- applying a window
 
