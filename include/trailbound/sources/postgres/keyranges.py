@@ -67,7 +67,9 @@ def plan(cur, schema: str, name: str, key: list[str], rows_per_range: int) -> li
     if rows_per_range < 1:
         raise TrailboundError(f"rows per range must be at least 1, not {rows_per_range}")
     table = sql.Identifier(schema, name)
-    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in key)
+    # aliased: ORDER BY a bare name would sort by the text output column of that name
+    texts = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(c), sql.Identifier(f"bound_{i}"))
+                               for i, c in enumerate(key))
     boundaries: list[dict[str, str]] = []
     while True:
         condition, params = range_condition(table, key, boundaries[-1] if boundaries else None, None)
