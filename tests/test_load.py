@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,29 @@ def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, ta
     assert query(target_dsn, "SELECT count(*) FROM trailbound_load.open_window")[0][0] == 0
     assert query(target_dsn, "SELECT count(*) FROM pg_tables WHERE schemaname = 'trailbound_load'"
                              " AND tablename LIKE 'w\\_%%'")[0][0] == 0, "every staging table is gone"
+
+
+def test_a_high_watermark_ends_its_replicat_group():
+    """The window's chunk goes in right after its high watermark: no later transaction
+    shares that target transaction (pure planning, no server)."""
+    import pyarrow as pa
+
+    from trailbound.replicat.chunks import TrailFile, plan_chunk
+    from trailbound.trail import format as trail
+
+    def txn(number, op, table, after):
+        return {"rba": number, "trans_ind": trail.WHOLE, "csn": 10 * number, "csn_thread": 1, "csn_sequence": 1,
+                "csn_rba": number, "xid": f"T{number}", "commit_ts": datetime(2026, 1, 1, tzinfo=UTC), "op": op,
+                "table": table, "before": None, "after": after, "src_thread": 1, "src_sequence": 1, "src_rba": number,
+                "src_scn": 10 * number - 1, "log_bsn": 5}
+
+    row = '{"id":1}'
+    records = pa.Table.from_pylist([
+        txn(0, "INSERT", "public.orders", row),
+        txn(1, "INSERT", WATERMARK, '{"window_id":"a","mark":"low"}'),
+        txn(2, "INSERT", "public.orders", row),
+        txn(3, "UPDATE", WATERMARK, '{"window_id":"a","source_table":"public.orders","mark":"high"}'),
+        txn(4, "INSERT", "public.orders", row),
+    ], schema=trail.SCHEMA)
+    chunk = plan_chunk([TrailFile(1, "lt000000001", len(records), "")], [records], 0, None, grouptransops=100)
+    assert [g.txns for g in chunk.groups] == [[0, 1, 2, 3], [4]]
