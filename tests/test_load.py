@@ -154,7 +154,7 @@ def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, ta
     capsys.readouterr()
     bench_script = tmp_path / "churn.sql"
     bench_script.write_text(CHURN)
-    bench = subprocess.Popen(["pgbench", "-n", "-c", "2", "-T", "600", "-R", "50", "-f", str(bench_script),
+    bench = subprocess.Popen(["pgbench", "-n", "-c", "2", "-T", "600", "-R", "20", "-f", str(bench_script),
                               source_dsn], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         killed = _load_subprocess(config_path, "load_between_chunks")

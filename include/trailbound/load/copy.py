@@ -103,6 +103,32 @@ def _select(task: ChunkTask, cur) -> str:
     return cur.mogrify(query, params).decode()
 
 
+def _settle(cur, patience: float = 2.0) -> None:
+    """Before the chunk is read: wait until every transaction that committed before the
+    low watermark is visible.
+
+    A transaction's commit record goes into the WAL (its place in commit order) before
+    the transaction leaves the server's list of running ones (when snapshots start to
+    see it). One that committed just before the low watermark may, on a busy server,
+    still be invisible to the chunk's snapshot: the chunk would hold its old row, and the
+    log would not count its change as inside the window. Such a transaction is already
+    marked committed in the commit log while a snapshot still sees it running: wait for
+    those (they end in moments). One still in progress in the commit log wrote no commit
+    record before the check; it is waited for briefly too (it may be writing it now),
+    then taken to commit after the low watermark, inside the window."""
+    cur.execute("SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x")
+    xids = cur.fetchone()[0]
+    began = time.monotonic()
+    while xids:
+        cur.execute("SELECT x::text, pg_xact_status(x) FROM unnest(%s::xid8[]) x"
+                    " WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot())", (xids,))
+        states = cur.fetchall()
+        patient = time.monotonic() - began < patience
+        xids = [x for x, status in states if status == "committed" or (status == "in progress" and patient)]
+        if xids:
+            time.sleep(0.005)
+
+
 def copy_chunk(task: ChunkTask, source_dsn: str, target_dsn: str) -> ChunkDone:
     began = time.perf_counter()
     source = connect(source_dsn, "source")
@@ -143,6 +169,7 @@ def _between_watermarks(task: ChunkTask, source, target) -> int:
     with source.cursor() as src, target.cursor() as tgt:
         src.execute(sql.SQL("INSERT INTO {} (window_id, source_table, mark, lo, hi) VALUES (%s, %s, 'low', %s, %s)")
                     .format(WATERMARK.ident), (task.window_id, task.source_table, bounds["lo"], bounds["hi"]))
+        _settle(src)
         tgt.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(staging, sql.Identifier(*task.target)))
         copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(staging, _columns(task.columns)).as_string(tgt)
         try:

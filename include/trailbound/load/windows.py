@@ -161,7 +161,11 @@ class Windows:
         open_windows = {w: _Window(w, t, lo, hi) for w, t, lo, hi in cur.fetchall()}
         if not open_windows and not has_watermark:
             return
-        relevant = pa.array(sorted({WATERMARK.name} | {w.source_table for w in open_windows.values()}))
+        # the tables of windows open already, and of windows a low watermark here opens
+        marks = records.filter(pc.fill_null(pc.equal(tables, WATERMARK.name), False)).column("after").to_pylist()
+        opening = {json.loads(after).get("source_table") for after in marks if after}
+        relevant = pa.array(sorted({WATERMARK.name} | {w.source_table for w in open_windows.values()}
+                                   | (opening - {None})))
         rows = records.filter(pc.fill_null(pc.is_in(tables, value_set=relevant), False)) \
             .select(["op", "table", "before", "after"]).to_pylist()
         changed: dict[str, set[str]] = {}
