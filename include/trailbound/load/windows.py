@@ -137,10 +137,10 @@ class Windows:
 
     def __init__(self, plans: dict):
         self.plans = plans            # source table -> replicat.target.TablePlan (or None: not mapped)
-        self._present = False         # the window tables exist (cached once seen)
+        self._present: bool | None = None  # the window tables exist (None: look)
 
     def _exists(self, cur) -> bool:
-        if not self._present:
+        if self._present is None:
             cur.execute("SELECT to_regclass(%s) IS NOT NULL", (OPEN_WINDOW.ident.as_string(cur),))
             self._present = cur.fetchone()[0]
         return self._present
@@ -155,8 +155,9 @@ class Windows:
         has_watermark = pc.any(pc.equal(tables, WATERMARK.name)).as_py()
         if not self._exists(cur):
             if not has_watermark:
-                return
-            create_state(cur)  # not cached: this transaction may still roll back
+                return  # no load has ever reached this target: one look per run
+            create_state(cur)
+            self._present = None  # look again next time: this transaction may still roll back
         cur.execute(sql.SQL("SELECT window_id, source_table, lo, hi FROM {}").format(OPEN_WINDOW.ident))
         open_windows = {w: _Window(w, t, lo, hi) for w, t, lo, hi in cur.fetchall()}
         if not open_windows and not has_watermark:
