@@ -89,11 +89,12 @@ def run_load(spark, store: MetadataStore, config: Config, source: str, replicat:
     source_dsn = source_dsn or dsn_from_env(pg.dsn_env)
     target_dsn = target_dsn or dsn_from_env(config.target.dsn_env)
     load = _Load(spark, store, config, source, name, pattern, chunk_rows, say, source_dsn, target_dsn)
-    with _held(store, progress.load_lock_key(name), f"a load for replicat {name} is running; try again when it ends"):
+    busy = f"a load for replicat {name} is running; try again when it ends"
+    with _LoadLock(store, progress.load_lock_key(name), busy):
         return load.at_snapshot() if mode == "snapshot" else load.between_watermarks()
 
 
-class _held:
+class _LoadLock:
     """A session advisory lock on the metadata store for the block (refused if taken)."""
 
     def __init__(self, store: MetadataStore, key: str, busy: str):
