@@ -28,6 +28,7 @@
     trailbound archive pull SRC              archive a PostgreSQL source's WAL through its slot
     trailbound compare SRC REP1 [--table P]  compare source and target tables (Veridata-style), confirm
                                              differences once replicat is past them; --repair-script FILE
+    trailbound load SRC REP1 [--table P]     initial load on Spark: at the slot's snapshot, or between watermarks
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
 metadata store's DSN from the variable the file names. Errors a user can act on are
@@ -206,6 +207,18 @@ def delete_source(ctx: Context) -> int:
     from trailbound.sources.postgres.admin import delete_source as delete
 
     print(delete(ctx.config, ctx.args.source))
+    return 0
+
+
+def load(ctx: Context) -> int:
+    from trailbound.load.run import run_load
+
+    def say(line: str) -> None:  # as it happens: the Airflow task log shows the load moving
+        print(line, flush=True)
+
+    result = run_load(ctx.spark, ctx.store, ctx.config, ctx.args.source, ctx.args.replicat, mode=ctx.args.mode,
+                      pattern=ctx.args.table, chunk_rows=ctx.args.chunk_rows, say=say)
+    print(result.describe())
     return 0
 
 
@@ -608,6 +621,18 @@ def build_parser() -> argparse.ArgumentParser:
     command = verb(archive, "pull", archive_pull, "archive a PostgreSQL source's WAL: read its slot up to the "
                                                    "server's position now, write segments, then confirm the slot")
     command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+
+    command = verb(verbs, "load", load, "copy the source tables' current rows into the target on Spark, in key-range "
+                                        "chunks without locks, and hand over to the replicat (docs/initial-load.md)")
+    command.add_argument("source", help="the PostgreSQL source")
+    command.add_argument("replicat", help="the replicat whose MAP names the target tables")
+    command.add_argument("--table", default="*.*", metavar="PATTERN",
+                         help="source tables to load, schema.table with * and ? (default: every mapped table)")
+    command.add_argument("--chunk-rows", type=int, default=50_000, metavar="N", help="rows per key-range chunk "
+                                                                                    "(default 50000)")
+    command.add_argument("--mode", choices=["snapshot", "watermark"], default="snapshot",
+                         help="snapshot: before the first pull, at the slot's exported snapshot (default); "
+                              "watermark: at any time, between watermarks, resumable")
 
     extract = verbs.add_parser("extract", help="capture runs").add_subparsers(dest="action", required=True,
                                                                               metavar="ACTION")

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
+from trailbound.load.windows import high_watermarks
 from trailbound.positions import CSN_COLUMNS, Csn, TrailPosition, csn_at_or_below
 from trailbound.trail import format as trails
 
@@ -97,16 +98,18 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
     ops = (stops - starts).tolist()
     truncating = np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
     has_truncate = (np.add.reduceat(truncating.astype(np.int64), starts) > 0).tolist() if n else []
+    # A load window's high watermark ends its group: the chunk's rows go in right after it.
+    ends_group = (np.add.reduceat(high_watermarks(records).astype(np.int64), starts) > 0).tolist() if n else []
 
     group_of_txn = np.full(len(starts), -1, dtype=np.int64)
     group, size = -1, 0
-    for txn, (skipped, count, truncates) in enumerate(zip(skip.tolist(), ops, has_truncate)):
+    for txn, (skipped, count, truncates, ends) in enumerate(zip(skip.tolist(), ops, has_truncate, ends_group)):
         if skipped:
             continue
         if group < 0 or size >= grouptransops or (truncates and size):
             group, size = group + 1, 0
         group_of_txn[txn] = group
-        size += count
+        size = grouptransops if ends else size + count
 
     # Units: a new one at each group's first record, at each TRUNCATE and just after it.
     boundary = np.zeros(n + 1, dtype=bool)

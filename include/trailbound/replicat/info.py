@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import header, lag, times_note, timestamp, utc
+from trailbound.load.progress import describe_for_replicat as load_in_progress
 from trailbound.status import run_state
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
@@ -57,6 +58,7 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     lines.append(f"                     {timestamp(current.audit_ts)}  RBA {current.position.rba}")
     lines.append(f"Last applied CSN     {current.log_csn or 'none'}"
                  + (f"  (checkpoint table {state.checkpoint_table})" if row else f"  ({note})"))
+    lines += load_in_progress(store, name)
     if showch is None:
         return "\n".join(lines + ["", _TIMES])
 

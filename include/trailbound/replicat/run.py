@@ -42,6 +42,7 @@ from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError, TrailError, changed_since_added
 from trailbound.grouplock import GroupBusy, GroupLock, lock_key
+from trailbound.load.windows import Windows
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
@@ -206,6 +207,7 @@ class _Run:
         self.table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
+        self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
         self.current_dir = str(config.home)
         self.workdir = config.path(Path("var") / "replicat" / state.group)
         self.fs = trailfs.for_location(state.exttrail, spark)
@@ -284,6 +286,7 @@ class _Run:
                             raise NeedsReplay(f"unit {unit} table {entry.table}")
                         self.fast.apply(cur, entry.table, chunk.net.view(entry.staged), entry.counts,
                                         chunk.net.view(entry.inserts))
+                self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
                 self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
                                            cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
@@ -334,6 +337,7 @@ class _Run:
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = Csn.from_row(records[0])
+                    self.windows.apply(cur, chunk, [txn])
                     self._write_checkpoint_row(cur, end, log_csn=csn, log_xid=records[0]["xid"],
                                                cmplt_xids=[records[0]["xid"]], audit_ts=records[0]["commit_ts"],
                                                log_bsn=last["log_bsn"])
