@@ -11,9 +11,10 @@ Hadoop-compatible URI.
   transaction with no record left disappears), and written anew; a file with no record
   left produces no remote file.
 
-Each file is written under a temporary name, its SHA-256 checked against the source's
-recorded one (PASSTHRU) or the rewritten file's, renamed into place, and only then
-committed: the pump's read and write checkpoints, the remote file's `trail_file` row, the
+Each file is written under a temporary name and read back through the remote filesystem:
+its bytes and SHA-256 checked against the source's recorded ones (PASSTHRU) or the
+rewritten file's, its records decoded and counted against the catalog's; then renamed
+into place, and only then committed: the pump's read and write checkpoints, the remote file's `trail_file` row, the
 pump's `trail_reader` position on the source trail and the run's history row, in one
 metadata transaction per file. A remote file past the committed write checkpoint is a
 leftover of a run that died; the next run deletes it and ships that source file again,
