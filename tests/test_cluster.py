@@ -195,12 +195,13 @@ from trailbound.errors import TrailboundError
 
 session = spark.session("trailbound write_dataset on a cluster")
 df = session.range(0, 3000, numPartitions=3).selectExpr("id", "concat('row ', id) AS text")
-try:
-    written = files.write_dataset(df, sys.argv[1], session)
-except TrailboundError as error:
-    print(f"ERROR {error}")
-    sys.exit(1)
-print("WROTE", sum(f.records for f in written), "records in", len(written), "files")
+for directory in sys.argv[1:]:
+    try:
+        written = files.write_dataset(df, directory, session)
+    except TrailboundError as error:
+        print(f"ERROR {error}")
+        sys.exit(1)
+    print("WROTE", sum(f.records for f in written), "records in", len(written), "files to", directory)
 '''
 
 
@@ -208,14 +209,13 @@ def test_the_driver_refuses_files_a_worker_wrote_where_it_cannot_read_them(spark
     cluster = spark_default
     job = tmp_path / "write_job.py"
     job.write_text(WRITE_JOB)
-
-    shared = cluster.shared / "staging"
-    ok, output = _submit(job, [str(shared)], "trailbound-write-shared")
-    assert ok and "WROTE 3000 records in 3 files" in output, output[-3000:]
+    shared, private = cluster.shared / "staging", cluster.private / "staging"
+    # One job (one driver, one executor on the worker): first a directory both see, then
+    # one only the worker sees.
+    ok, output = _submit(job, [str(shared), str(private)], "trailbound-write")
+    assert f"WROTE 3000 records in 3 files to {shared}" in output, output[-3000:]
     assert sorted(p.name for p in shared.iterdir()) == [f"part-0000{n}.parquet" for n in range(3)]
 
-    private = cluster.private / "staging"
-    ok, output = _submit(job, [str(private)], "trailbound-write-private")
     errors = [line for line in output.splitlines() if line.startswith("ERROR ")]
     assert not ok and len(errors) == 1, output[-3000:]
     assert errors[0].startswith(f"ERROR {private}/part-00000.parquet: a Spark task wrote 1000 records, sha256 ")
