@@ -428,6 +428,8 @@ def _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property,
             baseline.run(spark, stage, until)
             for kind, point in ((s, p) for s, p in PLAN[number] if s == stage):
                 cell = f"{stage} {point}"
+                if cell in cells:  # a point killed in both rounds (mid_purge) is two cells
+                    cell += f" (round {number})"
                 round_cells.append(cell)
                 began = time.perf_counter()
                 if point.startswith("drop:"):
