@@ -205,6 +205,7 @@ for directory in sys.argv[1:]:
 '''
 
 
+@pytest.mark.long_running(150)
 def test_the_driver_refuses_files_a_worker_wrote_where_it_cannot_read_them(spark_default, tmp_path):
     cluster = spark_default
     job = tmp_path / "write_job.py"
@@ -245,7 +246,7 @@ replicats:
 """
 
 
-@pytest.mark.long_running(240)
+@pytest.mark.long_running(300)
 def test_capture_pump_and_replicat_on_a_standalone_cluster_reach_the_truth(spark_default, tmp_path, metadata_dsn,
                                                                           target_dsn, monkeypatch):
     from trailbound import config as configuration
