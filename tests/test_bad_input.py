@@ -17,6 +17,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 import bad_input_kit as kit
@@ -173,4 +174,28 @@ def test_the_trailbound_command_exits_1_with_one_line(trail_pipeline):
                               capture_output=True, text=True, timeout=120)
         assert message in _one_error_line(done.returncode, done.stdout, done.stderr, str(path), 0)
         assert done.stdout == ""
+    assert kit.changes(before, kit.snapshot(pipeline)) == []
+
+
+def test_a_file_that_is_not_what_the_catalog_committed_stops_pump_and_replicat(trail_pipeline, capsys, monkeypatch):
+    """The bytes match the committed SHA-256 but the catalog's record count does not
+    (what a writer that verified nothing could commit): pump reads its copy back and
+    counts it, replicat counts what it read, and both refuse before any checkpoint."""
+    pipeline = trail_pipeline
+    pipeline.restore()
+    path = pipeline.home / "dirdat" / "lt000000002"
+    connection = psycopg2.connect(pipeline.metadata_dsn)
+    with connection, connection.cursor() as cur:
+        cur.execute("UPDATE trailbound.trail_file SET records = records + 1 WHERE path = %s RETURNING records",
+                    (str(path),))
+        listed = cur.fetchone()[0]
+    connection.close()
+    before = kit.snapshot(pipeline)
+    status, out, err = _run_cli(pipeline, ["pump", "run", "PMP1"], capsys, monkeypatch)
+    line = _one_error_line(status, out, err, str(pipeline.home / "remote" / "rt000000002"), 0)
+    assert f"shipped from {path}" in line and f"wrote {listed} records" in line and \
+        f"reads {listed - 1} records" in line, line
+    status, out, err = _run_cli(pipeline, ["replicat", "run", "REP1"], capsys, monkeypatch)
+    line = _one_error_line(status, out, err, str(path), listed - 1)
+    assert f"holds {listed - 1} records; the trail lists {listed}" in line, line
     assert kit.changes(before, kit.snapshot(pipeline)) == []

@@ -210,6 +210,26 @@ def test_a_damaged_file_stops_its_reader_with_the_files_name_and_nothing_after_i
     assert _names(tmp_path / "remote") == ["rt000000001", "rt000000002", "rt000000003"]
 
 
+def test_the_copy_is_read_back_and_counted_before_the_pump_commits_it(tmp_path, store):
+    """A copy whose bytes match but whose records are not what the catalog committed for
+    the source file (here the catalog row says one record more): refused, naming the
+    remote file, with no remote file, no temporary and no checkpoint left behind."""
+    config, source = _setup(tmp_path, store)
+    first = source.add_file([("A", [("shop.orders", 1)])])
+    second = source.add_file([("B", [("shop.orders", 2), ("shop.orders", 3)])])
+    with store.transaction() as cur:
+        cur.execute("UPDATE trailbound.trail_file SET records = records + 1 WHERE path = %s", (str(second.path),))
+    with pytest.raises(trail.TrailError) as error:
+        run_pump(None, store, config, "PMP1")
+    remote = tmp_path / "remote" / "rt000000002"
+    assert error.value.path == str(remote)
+    assert "pump PMP1 wrote 3 records" in str(error.value) and "this process reads 2 records" in str(error.value)
+    assert "nothing was committed" in str(error.value) and "\n" not in str(error.value)
+    assert _names(tmp_path / "remote") == ["rt000000001"], "the first file shipped, the second not even as a temporary"
+    assert pump_state(store).read == TrailPosition(first.seqno, 1)
+    assert [r["seqno"] for r in committed_files(store, str(tmp_path / "remote" / "rt"))] == [1]
+
+
 @pytest.mark.spark
 def test_a_remote_uri_goes_through_sparks_hadoop_filesystem(tmp_path, spark, store):
     mount, disk = f"tb{uuid.uuid4().hex[:10]}", tmp_path / "cluster"

@@ -11,9 +11,10 @@ Hadoop-compatible URI.
   transaction with no record left disappears), and written anew; a file with no record
   left produces no remote file.
 
-Each file is written under a temporary name, its SHA-256 checked against the source's
-recorded one (PASSTHRU) or the rewritten file's, renamed into place, and only then
-committed: the pump's read and write checkpoints, the remote file's `trail_file` row, the
+Each file is written under a temporary name and read back through the remote filesystem:
+its bytes and SHA-256 checked against the source's recorded ones (PASSTHRU) or the
+rewritten file's, its records decoded and counted against the catalog's; then renamed
+into place, and only then committed: the pump's read and write checkpoints, the remote file's `trail_file` row, the
 pump's `trail_reader` position on the source trail and the run's history row, in one
 metadata transaction per file. A remote file past the committed write checkpoint is a
 leftover of a run that died; the next run deletes it and ships that source file again,
@@ -22,7 +23,7 @@ so a crash anywhere followed by a re-run ships every transaction exactly once.
 Files are whole units (a transaction never spans two), so a file-at-a-time commit costs
 nothing in consistency and bounds what a crash on a long backlog makes the pump redo.
 Local trails need no Spark; a remote URI goes through the SparkSession's Hadoop
-filesystem (`trailbound.trail.fs`).
+filesystem (`trailbound.files`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from trailbound.config import Config
 from trailbound.crash import crashpoint
+from trailbound import files as trailfs
 from trailbound.durable import file_sha256
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.metadata import MetadataStore
@@ -45,7 +47,6 @@ from trailbound.pump.filter import filter_records
 from trailbound.tables import table_spec
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
-from trailbound.trail import fs as trailfs
 
 CRASH_POINTS = ("mid_copy", "before_rename", "after_copy", "after_file_commit")
 
@@ -169,7 +170,7 @@ class _Run:
                                      log_bsn=row["log_bsn"])
             local, expected, records, bytes_ = info.path, info.sha256, info.records, info.bytes
             first_csn, last_csn = info.first_csn, info.last_csn
-        self._copy_verified(local, expected, target, row)
+        self._copy_verified(local, expected, records, bytes_, target, row)
         remote = trails.TrailFileInfo(remote_seqno, target, records, bytes_, expected, first_csn, last_csn,
                                       row["log_bsn"])
         self._commit(row, remote, last_csn)
@@ -184,17 +185,22 @@ class _Run:
         self.source_fs.download(row["path"], local)
         return local
 
-    def _copy_verified(self, local: Path, expected: str, target: str, row: dict) -> None:
+    def _copy_verified(self, local: Path, expected: str, records: int, bytes_: int, target: str, row: dict) -> None:
+        """Upload, then read the copy back through the remote filesystem and check it
+        against the file shipped (bytes, SHA-256, and its records decoded and counted)
+        before it is renamed into place and committed."""
         temporary = trailfs.temporary_location(target)
         self.remote_fs.upload(local, temporary, on_chunk=lambda: crashpoint("mid_copy"))
-        actual = self.remote_fs.sha256(temporary)
-        if actual != expected:
+        shipped = trailfs.WrittenFile(temporary, records, bytes_, expected)
+        problem = trailfs.check_written(shipped, self.remote_fs, writer=f"pump {self.state.group}",
+                                        count_records=lambda location: len(trails.read_file(location,
+                                                                                            fs=self.remote_fs)))
+        if problem is not None:
             self.remote_fs.delete(temporary)
             if self.patterns is None and (source := file_sha256(local)) != expected:
                 raise TrailError(row["path"], f"file checksum {source} does not match the recorded {expected}: "
                                               "the source trail file is damaged; nothing was shipped", rba=0)
-            raise TrailError(target, f"the copy's checksum {actual} does not match {expected}, the file "
-                                     "shipped: the copy is damaged; nothing was committed", rba=0)
+            raise TrailError(target, f"the copy is not the file shipped from {row['path']}: {problem}", rba=0)
         crashpoint("before_rename")
         self.remote_fs.rename(temporary, target)
         crashpoint("after_copy")

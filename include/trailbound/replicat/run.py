@@ -37,6 +37,7 @@ from pathlib import Path
 import pyarrow as pa
 import psycopg2
 
+from trailbound import files as trailfs
 from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
@@ -54,7 +55,6 @@ from trailbound.replicat.chunks import Chunk, Group, TrailFile, plan_chunk
 from trailbound.replicat.netrows import compute_net
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
-from trailbound.trail import fs as trailfs
 
 log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
