@@ -61,7 +61,7 @@ def copy_text(column) -> pa.Array:
     return text.fill_null(COPY_NULL)
 
 
-def _joined(lines: pa.Array) -> pa.Buffer:
+def joined(lines: pa.Array) -> pa.Buffer:
     """The values of a string array concatenated: a slice of its data buffer, no copy."""
     if not len(lines):
         return pa.py_buffer(b"")
@@ -76,7 +76,7 @@ def parse_images(images, columns: tuple[str, ...], types: tuple[str, ...]) -> pa
     schema = pa.schema([(c, _arrow_type(t)) for c, t in zip(columns, types)])
     if isinstance(images, pa.ChunkedArray):
         images = images.combine_chunks()
-    ndjson = _joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n"))
+    ndjson = joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n"))
     try:
         parsed = pj.read_json(pa.BufferReader(ndjson),
                               parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),

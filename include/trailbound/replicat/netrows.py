@@ -43,9 +43,26 @@ class NetRows:
     def __init__(self, parts: list[pa.Table]):
         self._buffers: list[tuple[memoryview, np.ndarray]] = []
         self.units: dict[int, list[UnitTable]] = {}
+        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its unit
         for table in parts:
             if len(table):
                 self._add(table)
+        self._stage(parts)
+
+    def _stage(self, parts: list[pa.Table]) -> None:
+        """The staging table's COPY text per table: the staged lines (step 1) of every
+        part, each led by its unit."""
+        pieces: dict[str, list[pa.Buffer]] = {}
+        for table in parts:
+            if not len(table):
+                continue
+            staged = table.filter(pc.equal(table.column("step"), STEP["D"]))
+            for name in pc.unique(staged.column("table")).to_pylist():
+                rows = staged.filter(pc.equal(staged.column("table"), name))
+                led = pc.binary_join_element_wise(rows.column("unit").cast(pa.string()), rows.column("line"), "\t")
+                pieces.setdefault(name, []).append(netarrow.joined(led.combine_chunks()))
+        self.staged = {name: memoryview(b"".join(buffers) if len(buffers) > 1 else buffers[0])
+                       for name, buffers in pieces.items()}
 
     def _add(self, table: pa.Table) -> None:
         part = len(self._buffers)

@@ -258,6 +258,7 @@ class _Run:
     def apply_chunk(self, chunk: Chunk) -> None:
         if chunk.net is not None:
             self.fast.prepare({e.table for entries in chunk.net.units.values() for e in entries})
+            self.fast.stage(chunk.net.staged)
         for group in chunk.groups:
             self.apply_group(chunk, group)
         self.result.skipped += chunk.skipped
@@ -280,11 +281,11 @@ class _Run:
                     if truncated is not None:
                         self.fast.truncate(cur, truncated)
                         continue
-                    for entry in (chunk.net.units.get(unit, []) if chunk.net else []):
+                    entries = chunk.net.units.get(unit, []) if chunk.net else []
+                    for entry in entries:
                         if entry.unresolved:
                             raise NeedsReplay(f"unit {unit} table {entry.table}")
-                        self.fast.apply(cur, entry.table, chunk.net.view(entry.staged), entry.counts,
-                                        chunk.net.view(entry.inserts))
+                    self.fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
                 copied = time.perf_counter()
                 self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
                                            cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
