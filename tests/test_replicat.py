@@ -22,6 +22,7 @@ from replicat_kit import checkpoint_row, differences, write_config
 from trailbound import cli
 from trailbound.trail import format as trail
 from trailbound import config as configuration
+from trailbound import idle
 from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
@@ -445,6 +446,31 @@ def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp
     end, last_csn = _trail_end(metadata_copy)
     assert _file_checkpoint(metadata_copy).position == end
     assert checkpoint_row(target_dsn)["log_csn"] == str(last_csn)
+
+
+def test_a_run_with_nothing_to_do_is_known_without_spark(captured, metadata_copy, target_dsn, tmp_path, spark):
+    """idle.replicat_idle (what the DAG asks before spark-submit) says "nothing new" exactly
+    when a run would apply nothing: after a run to the end, not with new files, not when
+    the target's checkpoint row is behind the file checkpoint (a restored target)."""
+    config = configuration.load(write_config(tmp_path, home=captured.directory, grouptransops=200, megabytes=0.1))
+    _create_target(config, target_dsn)
+    with MetadataStore.open(metadata_copy) as store:
+        assert idle.replicat_idle(store, config, "REP1", target_dsn) is None, "never ran: the run adds the group"
+        _hide_files_after(metadata_copy, captured.middle_seqno)
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+        middle = checkpoint_row(target_dsn)
+        reason = idle.replicat_idle(store, config, "REP1", target_dsn)
+        assert reason is not None and "nothing new" in reason and f"after seqno {middle['seqno']} " in reason, reason
+        _unhide_files(metadata_copy)
+        assert idle.replicat_idle(store, config, "REP1", target_dsn) is None, "new trail files to apply"
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+        assert idle.replicat_idle(store, config, "REP1", target_dsn) is not None
+        with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+            cur.execute("UPDATE trailbound.ggcheckpoint SET seqno = %s, rba = %s WHERE group_name = 'REP1'",
+                        (middle["seqno"], middle["rba"]))
+        assert idle.replicat_idle(store, config, "REP1", target_dsn) is None, "the target is behind: catch it up"
+        assert idle.replicat_idle(store, config, "REP1", "postgresql://nobody@127.0.0.1:1/none") is None, \
+            "a check that cannot tell lets the run go ahead"
 
 
 def _pg_tool(name: str) -> str:

@@ -236,13 +236,12 @@ class FastApplier:
         """Load a chunk's staged rows (COPY text, each line led by its unit), table by
         table, replacing the previous chunk's; committed."""
         with self.connection.cursor() as cur:
+            for table in self._dirty:  # units are numbered per chunk: no stale row may match one
+                cur.execute(self._sql[table].clear)
+            self._dirty = set(staged)
             for table, payload in staged.items():
-                statements = self._sql[table]
-                if table in self._dirty:
-                    cur.execute(statements.clear)
-                self._dirty.add(table)
-                _copy(cur, statements.copy_stage, payload)
-                cur.execute(statements.analyze)
+                _copy(cur, self._sql[table].copy_stage, payload)
+                cur.execute(self._sql[table].analyze)
         self.connection.commit()
 
     def truncate(self, cur, table: str) -> None:
