@@ -116,6 +116,7 @@ class World:
         began = time.perf_counter()
         output = self.airflow(variant, "dags", "test", dag_id, (T0 + timedelta(hours=hour)).isoformat())
         wall = time.perf_counter() - began
+        (self.work / f"{dag_id}-{variant}.log").write_text(output)
         finished = [line for line in output.splitlines() if "DagRun Finished" in line]
         state = "success" if finished and "state=success" in finished[-1] else "failed"
         with sqlite3.connect(self.home / "airflow.db") as db:

@@ -139,7 +139,14 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
     before = parse_images(records.column("before"), key, key_types)
     if after is None or before is None:
         return None, None
-    carried = {c: inserted | (updated & _carries(after_text, p)) for c, p in zip(columns, patterns)}
+    # An INSERT's image is the whole row; only UPDATE images are searched for their keys.
+    update_rows = np.flatnonzero(updated)
+    update_text = after_text.take(pa.array(update_rows)) if len(update_rows) else None
+    carried = {}
+    for c, p in zip(columns, patterns):
+        carried[c] = inserted.copy()
+        if update_text is not None:
+            carried[c][update_rows] = _carries(update_text, p)
     # The key each record touches: an UPDATE's after image holds the key, a key column it
     # leaves out keeps its value; a DELETE names it in its before image.
     touched, moved = [], np.zeros(len(records), dtype=bool)
