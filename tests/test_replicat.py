@@ -171,7 +171,9 @@ def _plan(source: str, columns: dict[str, str], key: list[str]) -> tgt.TablePlan
 
 def test_the_arrow_net_change_writes_sparks_lines_and_leaves_key_changes_to_it(spark):
     """netarrow (vectorised, no JVM) and the Spark transform agree line for line on every
-    (unit, table) without a key change; those with one are left to Spark."""
+    (unit, table) without a key change; those with one are left to Spark. (Floats whose
+    spelling differs, 1e-300 against Java's 1.0E-300, are left out: PostgreSQL reads
+    both as the same double; test_awkward_values... carries such values to a target.)"""
     plans = {"s.t": _plan("s.t", {"id": "bigint", "a": "text", "b": "text", "n": "double precision",
                                   'we"ird naïve': "boolean"}, ["id"]),
              "s.k": _plan("s.k", {"x": "text", "y": "text"}, [])}
@@ -183,7 +185,7 @@ def test_the_arrow_net_change_writes_sparks_lines_and_leaves_key_changes_to_it(s
         (1, 3, "s.t", "DELETE", J({"id": 1}), None),
         (1, 4, "s.t", "UPDATE", J({"id": 5}), J({"id": 5, "b": None})),              # b present (NULL), a absent
         (1, 5, "s.t", "UPDATE", J({"id": 5}), json.dumps({"id": 5, odd: True}, ensure_ascii=True)),
-        (1, 6, "s.t", "UPDATE", J({"id": 6}), '{"id" : 6, "a": "\\"b\\": not a key", "n": 1e-300}'),
+        (1, 6, "s.t", "UPDATE", J({"id": 6}), '{"id" : 6, "a": "\\"b\\": not a key", "n": -2.5}'),
         (1, 7, "s.t", "DELETE", J({"id": 30}), None),                                # deleted, inserted again
         (1, 8, "s.t", "INSERT", None, J({"id": 30, "a": "tab\there\nnew\\line", "b": "", odd: False})),
         (1, 9, "s.t", "UPDATE", J({"id": 30}), J({"id": 30, "b": "Zoë 🚀"})),
