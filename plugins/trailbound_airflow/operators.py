@@ -9,6 +9,8 @@ When the check cannot tell, the job runs as before.
 
 from __future__ import annotations
 
+import time
+
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
@@ -27,8 +29,9 @@ class TrailboundSparkSubmitOperator(SparkSubmitOperator):
         return args[args.index("--until") + 1] if "--until" in args[:-1] else None
 
     def execute(self, context):
+        began = time.perf_counter()
         reason = TrailboundHook().nothing_to_do(self.kind, self.group, self._until())
+        self.log.info("%s (checked in %.1f s)", reason or "work to do: submitting", time.perf_counter() - began)
         if reason:
-            self.log.info("%s", reason)
             raise AirflowSkipException(reason)
         return super().execute(context)
