@@ -135,9 +135,15 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
     updated = ~inserted & ~deleted
     after_text = records.column("after").combine_chunks()
     after = parse_images(after_text, columns, types)
+    if after is None:
+        return None, None
+    if inserted.all():
+        lines = _own_net_change(units, after, plan, key)
+        if lines is not None:
+            return lines, np.zeros(0, dtype=units.dtype)
     key_types = tuple(types[columns.index(k)] for k in key)
     before = parse_images(records.column("before"), key, key_types)
-    if after is None or before is None:
+    if before is None:
         return None, None
     # An INSERT's image is the whole row; only UPDATE images are searched for their keys.
     update_rows = np.flatnonzero(updated)
@@ -222,6 +228,23 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
                     "step": step, "line": lines},
                    schema=LINES_SCHEMA)
     return out.take(pc.sort_indices(out, sort_keys=[("unit", "ascending"), ("step", "ascending")])), left
+
+
+def _own_net_change(units: np.ndarray, after: pa.Table, plan: TablePlan, key: tuple[str, ...]) -> pa.Table | None:
+    """INSERTs only, each key once per unit: the records are their own net change, in
+    order (units ascend along the trail), one I line each. None when a key repeats."""
+    keyed = after.select(list(key)).append_column("__unit", pa.array(units))
+    counts = keyed.group_by(["__unit", *key], use_threads=False).aggregate([("__unit", "count")])
+    if len(counts) != len(units):
+        return None
+    lines = pc.binary_join_element_wise(*[copy_text(after.column(c)) for c in plan.columns], "\t") \
+        if len(plan.columns) > 1 else copy_text(after.column(plan.columns[0]))
+    lines = pc.binary_join_element_wise(lines, "", "\n")
+    n = len(units)
+    return pa.table({"unit": units, "table": pa.repeat(pa.scalar(plan.source), n), "kind": pa.repeat(pa.scalar("I"), n),
+                     "step": np.full(n, STEP["I"], dtype=np.int8),
+                     "line": lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines},
+                    schema=LINES_SCHEMA)
 
 
 def net_lines(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np.ndarray]:
