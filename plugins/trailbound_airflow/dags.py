@@ -3,8 +3,9 @@ its group's settings (written there by `trailbound dags generate` from the confi
 file), so that parsing a DAG file reads no file and opens no connection.
 
 Spark jobs run through SparkSubmitOperator and the `spark_default` connection (local[*]
-by default, a cluster master when the connection points at one); everything else calls
-the engine through TrailboundHook.
+by default, a cluster master when the connection points at one), skipped when the
+metadata store says there is nothing to do (TrailboundSparkSubmitOperator); everything
+else calls the engine through TrailboundHook.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from datetime import datetime, timedelta
 from importlib import import_module
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, DeltaDataIntervalTimetable, Param, task
 
 from trailbound_airflow.hooks import TrailboundHook
+from trailbound_airflow.operators import TrailboundSparkSubmitOperator
 from trailbound_airflow.sensors import ArchiveCoversIntervalSensor, LongRunningTransactionSensor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,9 +123,9 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
                 state = ckpt.load(cur, group)
             return state.write.position.seqno if state else 0
 
-        capture = SparkSubmitOperator(
-            task_id="capture", application=str(JOBS / "extract.py"), conn_id="spark_default",
-            application_args=[group, "--until", until],
+        capture = TrailboundSparkSubmitOperator(
+            kind="capture", group=group, task_id="capture", application=str(JOBS / "extract.py"),
+            conn_id="spark_default", application_args=[group, "--until", until],
             conf=SPARK_CONF, name=f"trailbound-capture-{group}")
 
         published = trail_asset(trail)
@@ -246,9 +247,9 @@ def pump_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, sour
     what is new, publishes the remote trail."""
     with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["pump", group],
               schedule=[trail_asset(source_trail)], max_active_runs=1) as dag:
-        SparkSubmitOperator(task_id="pump", application=str(JOBS / "pump.py"), conn_id="spark_default",
-                            application_args=[group], conf=SPARK_CONF, name=f"trailbound-pump-{group}",
-                            outlets=[trail_asset(remote_trail)])
+        TrailboundSparkSubmitOperator(kind="pump", group=group, task_id="pump", application=str(JOBS / "pump.py"),
+                                      conn_id="spark_default", application_args=[group], conf=SPARK_CONF,
+                                      name=f"trailbound-pump-{group}", outlets=[trail_asset(remote_trail)])
     return dag
 
 
@@ -258,9 +259,10 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
     applies it exactly once, then checks the replica with Great Expectations."""
     with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["replicat", group],
               schedule=[trail_asset(trail)], max_active_runs=1) as dag:
-        apply = SparkSubmitOperator(task_id="replicat", application=str(JOBS / "replicat.py"),
-                                    conn_id="spark_default", application_args=[group], conf=SPARK_CONF,
-                                    name=f"trailbound-replicat-{group}")
+        apply = TrailboundSparkSubmitOperator(kind="replicat", group=group, task_id="replicat",
+                                              application=str(JOBS / "replicat.py"), conn_id="spark_default",
+                                              application_args=[group], conf=SPARK_CONF,
+                                              name=f"trailbound-replicat-{group}")
 
         @task(retries=0)
         def check_replica() -> str:

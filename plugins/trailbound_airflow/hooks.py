@@ -114,6 +114,25 @@ class TrailboundHook(BaseHook):
         finally:
             session.stop()
 
+    def nothing_to_do(self, kind: str, group: str, until: str | None = None) -> str | None:
+        """Why a capture/pump/replicat run of `group` has nothing to do (trailbound.idle:
+        the metadata store, the archive's manifests, the target's checkpoint table; no
+        Spark), or None when it must run."""
+        from datetime import datetime
+
+        from trailbound import idle
+
+        with self.store() as store:
+            if kind == "capture":
+                return idle.capture_idle(store, self.config, group, datetime.fromisoformat(until) if until else None)
+            if kind == "pump":
+                return idle.pump_idle(store, self.config, group)
+            if kind == "replicat":
+                config = self.config
+                return idle.replicat_idle(store, config, group,
+                                          self._connection_dsn(config.target.conn_id, config.target.dsn_env))
+        raise ValueError(f"unknown kind of group {kind!r}")
+
     @contextmanager
     def store(self) -> Iterator[MetadataStore]:
         store = MetadataStore.open(self.dsn())

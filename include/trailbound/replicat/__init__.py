@@ -2,8 +2,8 @@
 
 `run.py` is one run; `chunks.py` plans a chunk of trail records (transactions, groups,
 units, what is already applied); `netrows.py` turns a chunk into COPY lines, through
-`netchange.py` (the Spark transform) and `direct.py` (units that are their own net
-change); `apply.py` the target side (staging, merge, record-by-record replay);
+`netarrow.py` (vectorised, where no key changes) and `netchange.py` (the Spark
+transform, for the rest); `apply.py` the target side (staging, merge, record-by-record replay);
 `checkpoint_table.py` the target's checkpoint table; `checkpoints.py` the metadata
 store's side; `alter.py` ALTER REPLICAT; `target.py` the target's catalog and table
 mapping; `info.py` INFO REPLICAT; `expected.py` what a replica should hold. See

@@ -1,14 +1,17 @@
 """Applying to the target: the fast path (net rows, COPY, set-based merge) and the
 record-by-record replay it falls back to.
 
-Fast path, per unit and table, inside the group's one target transaction:
+Fast path:
 
-1. COPY the staged rows (kinds D, U, M; see netchange.py) into a temporary staging
-   table typed like the target (PostgreSQL parses every value itself).
+1. Per chunk, COPY each table's staged rows (kinds D, U, M; see netchange.py), with
+   their unit, into a temporary staging table typed like the target (PostgreSQL parses
+   every value itself), committed on its own: scratch, not data.
+Then per unit, inside the group's one target transaction:
 2. Read the rows being moved (M) from the target, merged with their new values.
 3. DELETE the rows deleted or moved away (D, M).
 4. UPDATE the rows changed in place (U): a column keeps the target's value unless the
-   mask says the images carried it.
+   mask says the images carried it. Without moves, steps 3 and 4 of every table are
+   one statement (one round trip per unit).
 5. INSERT the moved rows at their new keys, then COPY the new rows (I) straight into
    the target table.
 
@@ -81,9 +84,15 @@ def _copy(cur, statement: str, data: memoryview) -> None:
     cur.copy_expert(statement, _Payload(data), size=_COPY_CHUNK)
 
 
+# Where a unit's number goes in a composed statement (PostgreSQL identifiers cannot hold
+# NUL, so the marker never collides with a quoted name).
+_UNIT = "\x00unit\x00"
+
+
 @dataclass
 class _Staging:
-    """The session's temporary tables and statements for one target table."""
+    """The session's temporary tables and statements for one target table. The staging
+    table holds a whole chunk's staged rows (kinds D, U, M), each with its unit."""
 
     number: int
     plan: TablePlan
@@ -101,14 +110,14 @@ class _Staging:
     def ddl(self) -> sql.Composed:
         p = self.plan
         typed = lambda name, type_name: sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_name))  # noqa: E731
-        stage_columns = [sql.SQL("kind text"), sql.SQL("mask text")]
+        stage_columns = [sql.SQL("unit bigint"), sql.SQL("kind text"), sql.SQL("mask text")]
         stage_columns += [typed(f"o{i}", p.type_of(k)) for i, k in enumerate(p.key, start=1)]
         stage_columns += [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
         moved_columns = [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
         # Emptied by TRUNCATE when next used, not ON COMMIT DELETE ROWS: that truncates
         # every such table at every commit (measured ~1 ms per target transaction).
-        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE TEMP TABLE {} ({})").format(
-            self.stage, sql.SQL(", ").join(stage_columns), self.moved, sql.SQL(", ").join(moved_columns))
+        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE INDEX ON pg_temp.{} (unit); CREATE TEMP TABLE {} ({})").format(
+            self.stage, sql.SQL(", ").join(stage_columns), self.stage, self.moved, sql.SQL(", ").join(moved_columns))
 
     def _match(self) -> sql.Composed:
         """Target row t is the row at staged origin key s.o1..ok (NULL-safe where the
@@ -123,6 +132,9 @@ class _Staging:
         return sql.SQL("CASE WHEN substr(s.mask, {i}, 1) = '1' THEN s.{c} ELSE t.{col} END").format(
             i=sql.Literal(i), c=sql.Identifier(f"c{i}"), col=sql.Identifier(column))
 
+    def _unit(self, kinds: str) -> sql.Composed:
+        return sql.SQL("s.unit = {} AND s.kind IN ({})").format(sql.SQL(_UNIT), sql.SQL(kinds))
+
     def copy_stage(self) -> sql.Composed:
         return sql.SQL("COPY pg_temp.{} FROM STDIN").format(self.stage)
 
@@ -132,50 +144,72 @@ class _Staging:
     def select_moved(self) -> sql.Composed:
         merged = [self._merged(i, c) for i, c in enumerate(self.plan.columns, start=1)]
         return sql.SQL("INSERT INTO pg_temp.{moved} SELECT {merged} FROM pg_temp.{stage} s JOIN {target} t ON {match}"
-                       " WHERE s.kind = 'M'").format(moved=self.moved, merged=sql.SQL(", ").join(merged),
-                                                     stage=self.stage, target=self.plan.ident, match=self._match())
+                       " WHERE {unit}").format(moved=self.moved, merged=sql.SQL(", ").join(merged),
+                                               stage=self.stage, target=self.plan.ident, match=self._match(),
+                                               unit=self._unit("'M'"))
 
-    def delete(self) -> sql.Composed:
-        return sql.SQL("DELETE FROM {target} t USING pg_temp.{stage} s WHERE s.kind IN ('D', 'M') AND {match}").format(
-            target=self.plan.ident, stage=self.stage, match=self._match())
+    def delete(self, kinds: str = "'D', 'M'") -> sql.Composed:
+        return sql.SQL("DELETE FROM {target} t USING pg_temp.{stage} s WHERE {unit} AND {match}").format(
+            target=self.plan.ident, stage=self.stage, match=self._match(), unit=self._unit(kinds))
 
     def update(self) -> sql.Composed:
         sets = [sql.SQL("{} = {}").format(sql.Identifier(c), self._merged(i, c))
                 for i, c in enumerate(self.plan.columns, start=1) if c not in self.plan.key]
         if not sets:  # every column is key: nothing to set, but the rows must exist
-            return sql.SQL("SELECT 1 FROM {target} t JOIN pg_temp.{stage} s ON {match} WHERE s.kind = 'U'").format(
-                target=self.plan.ident, stage=self.stage, match=self._match())
-        return sql.SQL("UPDATE {target} t SET {sets} FROM pg_temp.{stage} s WHERE s.kind = 'U' AND {match}").format(
-            target=self.plan.ident, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match())
+            return sql.SQL("SELECT 1 FROM {target} t JOIN pg_temp.{stage} s ON {match} WHERE {unit}").format(
+                target=self.plan.ident, stage=self.stage, match=self._match(), unit=self._unit("'U'"))
+        return sql.SQL("UPDATE {target} t SET {sets} FROM pg_temp.{stage} s WHERE {unit} AND {match}").format(
+            target=self.plan.ident, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match(),
+            unit=self._unit("'U'"))
 
     def insert_moved(self) -> sql.Composed:
         return sql.SQL("INSERT INTO {} ({}) SELECT * FROM pg_temp.{}").format(
             self.plan.ident, sql.SQL(", ").join(self._cols), self.moved)
 
+    def clear_moved(self) -> sql.Composed:
+        return sql.SQL("TRUNCATE pg_temp.{}").format(self.moved)
+
     def clear(self) -> sql.Composed:
         return sql.SQL("TRUNCATE pg_temp.{}, pg_temp.{}").format(self.stage, self.moved)
+
+    def analyze(self) -> sql.Composed:
+        return sql.SQL("ANALYZE pg_temp.{}").format(self.stage)
 
 
 @dataclass
 class _Statements:
-    """One table's statements, composed once (composing quotes every identifier)."""
+    """One table's statements, composed once (composing quotes every identifier); `_UNIT`
+    stands for the unit's number."""
 
     copy_stage: str
     copy_target: str
     select_moved: str
     delete: str
+    delete_only: str
     update: str
     insert_moved: str
+    clear_moved: str
     clear: str
+    analyze: str
 
     @classmethod
     def of(cls, staging: _Staging, connection) -> "_Statements":
-        return cls(*(getattr(staging, name)().as_string(connection) for name in
-                     ("copy_stage", "copy_target", "select_moved", "delete", "update", "insert_moved", "clear")))
+        composed = {"delete_only": staging.delete("'D'")}
+        for name in ("copy_stage", "copy_target", "select_moved", "delete", "update", "insert_moved", "clear_moved",
+                     "clear", "analyze"):
+            composed[name] = getattr(staging, name)()
+        return cls(**{name: statement.as_string(connection) for name, statement in composed.items()})
 
 
 class FastApplier:
-    """The set-based path. One instance per target connection (its temporary tables)."""
+    """The set-based path. One instance per target connection (its temporary tables).
+
+    Per chunk, each table's staged rows (D, U, M) are COPY'd once into its staging table
+    (committed on their own: scratch, not data). Per unit, inside the group's target
+    transaction, one statement deletes and updates in every table at once and returns
+    the counts (the rows are distinct: a key has at most one staged row per unit), then
+    the new rows are COPY'd straight into their tables. Moves (M, from key updates)
+    take the longer way, table by table."""
 
     def __init__(self, connection, plans: dict[str, TablePlan | None]):
         self.connection = connection
@@ -198,37 +232,63 @@ class FastApplier:
                 self._sql[table] = _Statements.of(staging, self.connection)
         self.connection.commit()
 
+    def stage(self, staged: dict[str, memoryview]) -> None:
+        """Load a chunk's staged rows (COPY text, each line led by its unit), table by
+        table, replacing the previous chunk's; committed."""
+        with self.connection.cursor() as cur:
+            for table in self._dirty:  # units are numbered per chunk: no stale row may match one
+                cur.execute(self._sql[table].clear)
+            self._dirty = set(staged)
+            for table, payload in staged.items():
+                _copy(cur, self._sql[table].copy_stage, payload)
+                cur.execute(self._sql[table].analyze)
+        self.connection.commit()
+
     def truncate(self, cur, table: str) -> None:
         plan = self.plans.get(table)
         if plan is not None:
             cur.execute(sql.SQL("TRUNCATE {}").format(plan.ident))
 
-    def apply(self, cur, table: str, staged: memoryview | None, counts: dict[str, int], inserts: memoryview | None) -> int:
-        """Apply one unit's net rows for one table; returns the rows written."""
-        plan, statements = self.plans[table], self._sql[table]
-        written = 0
-        if staged is not None and len(staged):
-            if table in self._dirty:  # rows of an earlier unit, committed or rolled back
-                cur.execute(statements.clear)
-            self._dirty.add(table)
-            _copy(cur, statements.copy_stage, staged)
+    def apply_unit(self, cur, unit: int, entries) -> None:
+        """Apply one unit's net rows: `entries` are (table, counts by kind, new rows as
+        COPY text or None)."""
+        number = str(int(unit))
+        ctes, expected = [], []
+        for table, counts, _ in entries:
+            statements, plan = self._sql[table], self.plans[table]
             moves, deletes, updates = counts.get("M", 0), counts.get("D", 0), counts.get("U", 0)
             if moves:
-                cur.execute(statements.select_moved)
-                self._check(cur, moves, "rows to move by a key update", plan)
-            if deletes + moves:
-                cur.execute(statements.delete)
-                self._check(cur, deletes + moves, "rows to delete", plan)
+                self._move(cur, number, statements, plan, moves, deletes, updates)
+                continue
+            if deletes:
+                ctes.append(statements.delete_only.replace(_UNIT, number))
+                expected.append((deletes, "rows to delete", plan))
             if updates:
-                cur.execute(statements.update)
-                self._check(cur, updates, "rows to update", plan)
-            if moves:
-                cur.execute(statements.insert_moved)
-            written += moves + deletes + updates
-        if inserts is not None and len(inserts):
-            _copy(cur, statements.copy_target, inserts)
-            written += cur.rowcount
-        return written
+                ctes.append(statements.update.replace(_UNIT, number))
+                expected.append((updates, "rows to update", plan))
+        if ctes:
+            names = [f"tb_{n}" for n in range(len(ctes))]
+            cur.execute("WITH " + ", ".join(f"{name} AS ({cte} RETURNING 1)" if not cte.startswith("SELECT")
+                                              else f"{name} AS ({cte})" for name, cte in zip(names, ctes)) +
+                        " SELECT " + ", ".join(f"(SELECT count(*) FROM {name})" for name in names))
+            for found, (count, what, plan) in zip(cur.fetchone(), expected):
+                if found != count:
+                    raise Collision(f"{plan.target}: {count} {what}, the target has {found}")
+        for table, _, inserts in entries:
+            if inserts is not None and len(inserts):
+                _copy(cur, self._sql[table].copy_target, inserts)
+
+    def _move(self, cur, number: str, statements: _Statements, plan: TablePlan, moves: int, deletes: int,
+              updates: int) -> None:
+        cur.execute(statements.clear_moved)
+        cur.execute(statements.select_moved.replace(_UNIT, number))
+        self._check(cur, moves, "rows to move by a key update", plan)
+        cur.execute(statements.delete.replace(_UNIT, number))
+        self._check(cur, deletes + moves, "rows to delete", plan)
+        if updates:
+            cur.execute(statements.update.replace(_UNIT, number))
+            self._check(cur, updates, "rows to update", plan)
+        cur.execute(statements.insert_moved)
 
     @staticmethod
     def _check(cur, expected: int, what: str, plan: TablePlan) -> None:

@@ -1,7 +1,7 @@
 """Net rows for a chunk: the COPY lines of each unit's net change per table and key.
 
-Units that are their own net change are formatted on the driver with Arrow (direct.py);
-the rest goes through Spark (netchange.py). `NetRows` indexes the lines so that the
+The (unit, table)s without key-changing UPDATEs are netted with Arrow (netarrow.py); the
+rest goes through the Spark transform (netchange.py). `NetRows` indexes the lines so that the
 lines of one (unit, table, step) are sent to the target as one slice.
 """
 
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trailbound.replicat import direct
+from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.chunks import Chunk
 from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
@@ -43,9 +43,26 @@ class NetRows:
     def __init__(self, parts: list[pa.Table]):
         self._buffers: list[tuple[memoryview, np.ndarray]] = []
         self.units: dict[int, list[UnitTable]] = {}
+        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its unit
         for table in parts:
             if len(table):
                 self._add(table)
+        self._stage(parts)
+
+    def _stage(self, parts: list[pa.Table]) -> None:
+        """The staging table's COPY text per table: the staged lines (step 1) of every
+        part, each led by its unit."""
+        pieces: dict[str, list[pa.Buffer]] = {}
+        for table in parts:
+            if not len(table):
+                continue
+            staged = table.filter(pc.equal(table.column("step"), STEP["D"]))
+            for name in pc.unique(staged.column("table")).to_pylist():
+                rows = staged.filter(pc.equal(staged.column("table"), name))
+                led = pc.binary_join_element_wise(rows.column("unit").cast(pa.string()), rows.column("line"), "\t")
+                pieces.setdefault(name, []).append(netarrow.joined(led.combine_chunks()))
+        self.staged = {name: memoryview(b"".join(buffers) if len(buffers) > 1 else buffers[0])
+                       for name, buffers in pieces.items()}
 
     def _add(self, table: pa.Table) -> None:
         part = len(self._buffers)
@@ -97,8 +114,8 @@ def _grouped(table: pa.Table) -> pa.Table:
 
 def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
                 timer=None) -> NetRows | None:
-    """The COPY lines of the chunk's applied DML records: units that are their own net
-    change are formatted on the driver (direct.py); the rest goes to Spark. `timer`, when
+    """The COPY lines of the chunk's applied DML records: netted with Arrow (netarrow.py)
+    where no key changes, the rest by Spark (netchange.py). `timer`, when
     given, adds each phase's seconds (`timer.add(phase, seconds)`)."""
     records = chunk.records
     n = len(records)
@@ -118,10 +135,10 @@ def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], wor
                      "seq": pa.array(chosen.astype(np.int64)), "table": selected.column("table"),
                      "op": selected.column("op"), "before": selected.column("before"),
                      "after": selected.column("after")})
-    direct_lines, rest = direct.split(data, {name: plans[name] for name in mapped_names})
-    parts = [direct_lines]
+    arrow_lines, rest = netarrow.net_lines(data, {name: plans[name] for name in mapped_names})
+    parts = [arrow_lines]
     if timer:
-        timer.add("prepare: net change, units that are their own (Arrow)", time.perf_counter() - began)
+        timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
     if rest.any():
         began = time.perf_counter()
         data = data.filter(pa.array(rest))

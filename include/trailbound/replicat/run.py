@@ -8,10 +8,10 @@
    transactions into target transactions (GROUPTRANSOPS operations at least; a
    transaction with a TRUNCATE starts a new group), and split groups into units at each
    TRUNCATE.
-4. Spark computes each unit's net change per table and key (netchange.py) and formats
-   COPY lines; a unit that is its own net change (INSERTs of distinct keys) is formatted
-   on the driver with Arrow instead (direct.py). While the driver applies one chunk, the
-   next is prepared in a background thread.
+4. Each unit's net change per table and key, as COPY lines: vectorised with Arrow
+   (netarrow.py), or by Spark for a (unit, table) with a key-changing UPDATE
+   (netchange.py). While the driver applies one chunk, the next is prepared in a
+   background thread.
 5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
    table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    A group the fast path cannot apply is rolled back and replayed transaction by
@@ -52,7 +52,6 @@ from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
                                        ReplayStats, record_key)
 from trailbound.replicat.chunks import Chunk, Group, TrailFile, plan_chunk
-from trailbound.replicat.netrows import compute_net
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
@@ -249,6 +248,8 @@ class _Run:
         read = time.perf_counter()
         chunk = plan_chunk(files, tables, start_rba, log_csn, self.grouptransops)
         planned = time.perf_counter()
+        from trailbound.replicat.netrows import compute_net  # pyspark: not for a run with nothing new
+
         chunk.net = compute_net(self.spark, chunk, self.plans, self.workdir / f"chunk-{number}", self.timer)
         self.timer.add("prepare: read and verify trail files", read - began)
         self.timer.add("prepare: plan groups", planned - read)
@@ -259,6 +260,7 @@ class _Run:
     def apply_chunk(self, chunk: Chunk) -> None:
         if chunk.net is not None:
             self.fast.prepare({e.table for entries in chunk.net.units.values() for e in entries})
+            self.fast.stage(chunk.net.staged)
         for group in chunk.groups:
             self.apply_group(chunk, group)
         self.result.skipped += chunk.skipped
@@ -281,11 +283,11 @@ class _Run:
                     if truncated is not None:
                         self.fast.truncate(cur, truncated)
                         continue
-                    for entry in (chunk.net.units.get(unit, []) if chunk.net else []):
+                    entries = chunk.net.units.get(unit, []) if chunk.net else []
+                    for entry in entries:
                         if entry.unresolved:
                             raise NeedsReplay(f"unit {unit} table {entry.table}")
-                        self.fast.apply(cur, entry.table, chunk.net.view(entry.staged), entry.counts,
-                                        chunk.net.view(entry.inserts))
+                    self.fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
                 self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,

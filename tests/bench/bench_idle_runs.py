@@ -1,0 +1,229 @@
+"""Idle runs: a scheduled capture, pump and replicat run with nothing new to do, through
+`airflow dags test`, timed and taken apart; before (every run spark-submits its job) and
+after (TrailboundSparkSubmitOperator asks the metadata store first and skips Spark).
+
+    make bench                                    # all benchmarks
+    .venv/bin/python tests/bench/bench_idle_runs.py
+
+Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench provides its throwaway
+server); uses databases `trailbound_bench_idle_meta` and `..._target`, dropped and created
+afresh. A small simulated source (2 hours) is captured, pumped and applied once through
+the DAGs (untimed); then each DAG runs again for the same interval, when there is nothing
+new. Per run: the wall time of `airflow dags test`, each task's duration from Airflow's
+database, and for the spark-submit task, how long spark-submit takes to start a JVM and a
+SparkSession and stop (an empty job, measured apart), the rest being the job's work.
+Results go to docs/benchmarks/idle-runs.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg2.extensions
+
+from benchdb import fresh_database
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "benchmarks" / "idle-runs.md"
+VENV_BIN = Path(sys.executable).parent
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+HOURS = 2
+DAGS = (("capture_ext1", "capture"), ("pump_pmp1", "pump"), ("replicat_rep1", "replicat"))
+# The "before" DAG folder: the same DAG files, their factories given the plain
+# SparkSubmitOperator (what every run used before), which submits whatever there is.
+BEFORE_SHIM = '''
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+import trailbound_airflow.dags
+
+
+class AlwaysSubmit(SparkSubmitOperator):
+    def __init__(self, *, kind, group, **kwargs):
+        super().__init__(**kwargs)
+
+
+trailbound_airflow.dags.TrailboundSparkSubmitOperator = AlwaysSubmit
+'''
+
+
+def as_uri(dsn: str) -> str:
+    parts = psycopg2.extensions.parse_dsn(dsn)
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+class World:
+    """A configuration over a simulated archive, its DAG files (after, and before in a
+    second folder) and an Airflow home."""
+
+    def __init__(self, work: Path, metadata_dsn: str, target_dsn: str):
+        from trailbound import config as configuration
+        from trailbound import dagfiles
+        from trailbound.sources.simulator import simulate
+
+        self.work = work
+        simulate(work / "archive", work / "truth.json", records=4000, hours=HOURS, seed=11)
+        self.config_path = work / "trailbound.yaml"
+        self.config_path.write_text(
+            f"home: {work}\nsources:\n  SRC:\n    altarchivelogdest: archive\n"
+            "extracts:\n  EXT1:\n    source: SRC\n    exttrail: dirdat/lt\n    table: ['shop.*']\n    interval: 1h\n"
+            "    br:\n      brdir: brfiles\n      brinterval: 1h\n"
+            "pumps:\n  PMP1:\n    exttrail: dirdat/lt\n    rmttrail: remote/rt\n"
+            "replicats:\n  REP1:\n    exttrail: remote/rt\n    source: SRC\n    map: [{source: 'shop.*', target: 'shop.*'}]\n"
+            f"airflow:\n  start_date: {T0.isoformat()}\n")
+        config = configuration.load(self.config_path)
+        self.dags = {"after": work / "dags", "before": work / "dags-before"}
+        dagfiles.generate(config, self.dags["after"])
+        shutil.copytree(self.dags["after"], self.dags["before"])
+        for path in self.dags["before"].glob("*.py"):
+            text = path.read_text()
+            path.write_text(text.replace("from trailbound_airflow.dags import", BEFORE_SHIM +
+                                         "from trailbound_airflow.dags import", 1))
+        self.home = work / "airflow"
+        self.metadata_dsn, self.target_dsn = metadata_dsn, target_dsn
+        self.airflow("after", "db", "migrate")
+
+    def env(self, variant: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        env.update({
+            "AIRFLOW_HOME": str(self.home), "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags[variant]),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+            "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(self.metadata_dsn),
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1", "TRAILBOUND_CONFIG": str(self.config_path),
+            "TRAILBOUND_METADATA_DSN": self.metadata_dsn, "TRAILBOUND_TARGET_DSN": self.target_dsn})
+        return env
+
+    def airflow(self, variant: str, *args: str) -> str:
+        done = subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env(variant), capture_output=True,
+                              text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(args)}: {(done.stdout + done.stderr)[-3000:]}")
+        return done.stdout + done.stderr
+
+    def dags_test(self, variant: str, dag_id: str, hour: int) -> tuple[float, str, dict[str, tuple[str, float]]]:
+        """Wall seconds, the run's state, and each task's (state, seconds)."""
+        began = time.perf_counter()
+        output = self.airflow(variant, "dags", "test", dag_id, (T0 + timedelta(hours=hour)).isoformat())
+        wall = time.perf_counter() - began
+        (self.work / f"{dag_id}-{variant}.log").write_text(output)
+        finished = [line for line in output.splitlines() if "DagRun Finished" in line]
+        state = "success" if finished and "state=success" in finished[-1] else "failed"
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            run_id, = db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+                                 (dag_id,)).fetchone()
+            tasks = {task: (task_state, duration or 0.0) for task, task_state, duration in db.execute(
+                "SELECT task_id, state, duration FROM task_instance WHERE dag_id = ? AND run_id = ?",
+                (dag_id, run_id))}
+        if state != "success":
+            raise RuntimeError(f"{dag_id} ({variant}) failed: {output[-3000:]}")
+        return wall, state, tasks
+
+
+def spark_start_seconds(env: dict) -> float:
+    """spark-submit of a job that only builds trailbound's SparkSession and stops it: the
+    price of starting Spark at all."""
+    script = REPO / "var" / "bench" / "spark_start.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("from trailbound import spark\nspark.session('trailbound-start').stop()\n")
+    began = time.perf_counter()
+    subprocess.run([str(VENV_BIN / "spark-submit"), "--master", "local[*]", str(script)], env=env, check=True,
+                   capture_output=True, timeout=600)
+    return time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=1, help="idle runs per DAG and variant (the best is kept)")
+    args = parser.parse_args()
+    from trailbound import cli
+    from trailbound.metadata import dsn_from_env
+
+    work = REPO / "var" / "bench" / "idle"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    metadata_dsn = fresh_database(dsn_from_env("TRAILBOUND_METADATA_DSN"), "trailbound_bench_idle_meta")
+    target_dsn = fresh_database(dsn_from_env("TRAILBOUND_TARGET_DSN"), "trailbound_bench_idle_target")
+    world = World(work, metadata_dsn, target_dsn)
+    os.environ["TRAILBOUND_TARGET_DSN"], os.environ["TRAILBOUND_METADATA_DSN"] = target_dsn, metadata_dsn
+    if cli.main(["--config", str(world.config_path), "target", "create"]) != 0:
+        return 1
+    load_before = os.getloadavg()[0]
+    # Bring everything up to date (untimed): capture the whole archive, ship, apply.
+    for dag_id, _ in DAGS:
+        world.dags_test("after", dag_id, HOURS)
+    spark_start = spark_start_seconds(world.env("after"))
+    rows = []
+    for dag_id, task in DAGS:
+        for variant in ("before", "after"):
+            runs = [world.dags_test(variant, dag_id, HOURS) for _ in range(args.repeat)]
+            wall, _, tasks = min(runs, key=lambda r: r[0])
+            submit_state, submit = tasks[task]
+            others = sum(seconds for name, (_, seconds) in tasks.items() if name != task)
+            rows.append((dag_id, variant, wall, task, submit_state, submit, others, tasks))
+            print(f"{dag_id} {variant}: {wall:.1f} s; {tasks}", flush=True)
+    load_after = os.getloadavg()[0]
+
+    lines = []
+    for dag_id, variant, wall, task, submit_state, submit, others, tasks in rows:
+        if submit_state == "skipped":
+            checked = re.search(r"checked in ([\d.]+) s", (world.work / f"{dag_id}-{variant}.log").read_text())
+            split = (f"of which the check itself {float(checked.group(1)):.1f} s, the rest Airflow starting the task"
+                     if checked else "the check, no Spark")
+        else:
+            split = (f"spark-submit + JVM + SparkSession: {min(spark_start, submit):.1f} s, the job's own work: "
+                     f"{max(0.0, submit - spark_start):.1f} s")
+        lines.append(f"| {dag_id} | {variant} | **{wall:.1f} s** | {wall - submit - others:.1f} s | "
+                     f"{task}: {submit_state}, {submit:.1f} s ({split}) | {others:.1f} s |")
+    report = f"""# Idle runs
+
+A scheduled run with nothing new to do, through `airflow dags test` (Airflow {_airflow_version()},
+its own SQLite database), for the capture, pump and replicat
+DAGs of a small simulated source that has already been captured, shipped and applied.
+"before": the task spark-submits its job whatever there is (the plain SparkSubmitOperator);
+"after": TrailboundSparkSubmitOperator asks the metadata store first (trailbound/idle.py:
+the same condition the job would stop on) and skips the task, so Spark never starts.
+
+Command, from the repository root (`make bench` runs it with the throwaway PostgreSQL):
+
+    .venv/bin/python tests/bench/bench_idle_runs.py
+
+| DAG | variant | wall (`airflow dags test`) | Airflow itself (start, parse, scheduling) | the Spark task | other tasks |
+|---|---|---|---|---|---|
+{chr(10).join(lines)}
+
+spark-submit of an empty job (JVM start, SparkSession, stop) measured apart: {spark_start:.1f} s;
+the job's own work is the task's time beyond it. "Airflow itself" is the wall time less
+the tasks' durations (interpreter and provider imports, DAG parsing, the test run's
+scheduling loop).
+
+Goal: each idle run under 20 s.
+Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, {platform.platform()},
+Python {platform.python_version()}; PostgreSQL (fsync off), Airflow and Spark on the same
+machine, which was shared with other work: load average {load_before:.1f} before, {load_after:.1f} after.
+"""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(report)
+    print(report)
+    return 0
+
+
+def _airflow_version() -> str:
+    from importlib.metadata import version
+
+    return version("apache-airflow")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
