@@ -13,7 +13,7 @@ import pyarrow as pa
 from capture_kit import T0
 from trailbound import config as configuration
 from trailbound.trail import format as trail
-from trailbound.trail import fs as trailfs
+from trailbound import files as trailfs
 
 
 def write_config(tmp_path: Path, pumps: dict[str, dict], *, purge: dict | None = None,

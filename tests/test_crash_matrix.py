@@ -61,7 +61,7 @@ from trailbound.replicat import target as tgt
 from trailbound.replicat.run import CRASH_POINTS as REPLICAT_POINTS
 from trailbound.replicat.run import run_replicat
 from trailbound.trail import format as trail
-from trailbound.trail import fs as trailfs
+from trailbound import files as trailfs
 from trailbound.trail import purge as trailpurge
 from trailbound.trail.purge import CRASH_POINTS as PURGE_POINTS
 

@@ -23,7 +23,7 @@ from pump_kit import (SourceTrail, changes, committed_files, load, pump_state, r
 from trailbound import cli
 from trailbound import config as configuration
 from trailbound.trail import format as trail
-from trailbound.trail import fs as trailfs
+from trailbound import files as trailfs
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ConfigError, TrailboundError
 from trailbound.pump.filter import filter_records

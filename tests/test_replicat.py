@@ -279,6 +279,37 @@ def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, sp
         assert [r[0] for r in cur.fetchall()] == ["12345.678901234567890", "7.000"], "numeric scale is kept"
 
 
+def test_identical_rows_of_a_keyless_table_are_each_kept_and_deleted_one_at_a_time(tmp_path, spark, store, target_dsn):
+    """A keyless table (REPLICA IDENTITY FULL) may hold identical rows: two identical
+    INSERTs leave two rows, a DELETE of one leaves the other, an UPDATE moves one of
+    them; a net change keyed by all columns would fold or hit them all."""
+    from capture_kit import Archive
+    from trailbound.archive.writer import write_defs
+
+    root = tmp_path / "archive"
+    write_defs(root, [{"name": "shop.log", "key": [], "columns": [
+        {"name": "who", "type": "text", "nullable": True}, {"name": "n", "type": "integer", "nullable": True}]}])
+    archive = Archive(root)
+    row = {"who": "ann", "n": 1}
+
+    def change(scn, xid, op, before=None, after=None):
+        return {"scn": scn, "ts": at(scn), "xid": xid, "parent_xid": None, "op": op,
+                "table": None if op == "COMMIT" else "shop.log", "before": before, "after": after}
+
+    archive.segment(1, [
+        change(10, "T1", "INSERT", after=row), change(11, "T1", "INSERT", after=row),
+        change(12, "T1", "INSERT", after=row), change(13, "T1", "COMMIT"),
+        change(20, "T2", "DELETE", before=row), change(21, "T2", "COMMIT"),
+        change(30, "T3", "UPDATE", row, {"who": "ann", "n": 2}), change(31, "T3", "COMMIT")], 100)
+    config = configuration.load(write_config(tmp_path, tables=("shop.*",), grouptransops=1000))
+    run_extract(spark, store, config, "EXT1")
+    _create_target(config, target_dsn)
+    run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT who, n FROM shop.log ORDER BY n")
+        assert cur.fetchall() == [("ann", 1), ("ann", 2)], "three inserted, one deleted, one updated"
+
+
 # ---------------------------------------------------------------- a captured simulated source
 
 @dataclass

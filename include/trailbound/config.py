@@ -433,7 +433,7 @@ class Config(_Section):
         """A configured trail prefix as the metadata store keys it (trail_file.trail,
         trail_reader.trail): a plain path or file: URI becomes the absolute path `path()`
         gives, so capture, pump, replicat and purge agree; any other URI stays as written."""
-        from trailbound.trail import fs as trailfs
+        from trailbound import files as trailfs
 
         text = str(value)
         return str(self.path(trailfs.local_path(text))) if trailfs.is_local(text) else text

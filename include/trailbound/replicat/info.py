@@ -14,7 +14,7 @@ from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
-from trailbound.trail import fs as trailfs
+from trailbound import files as trailfs
 
 
 _TIMES = times_note("the Log Read Checkpoint and Audit TS (the source commit time of the last applied "

@@ -160,9 +160,40 @@ def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], wor
             timer.add("prepare: net change (Spark)", time.perf_counter() - began)
     began = time.perf_counter()
     rows = NetRows(parts)
+    for unit, table in _keyless_to_replay(records, chosen, chunk, plans):
+        entries = rows.units.setdefault(unit, [])
+        entry = next((e for e in entries if e.table == table), None)
+        if entry is None:
+            entries.append(entry := UnitTable(table))
+        entry.unresolved = True
     if timer:
         timer.add("prepare: index the COPY lines", time.perf_counter() - began)
     return rows
+
+
+def _keyless_to_replay(records: pa.Table, chosen: np.ndarray, chunk: Chunk,
+                       plans: dict[str, tgt.TablePlan | None]) -> set[tuple[int, str]]:
+    """The (unit, table) pairs of keyless tables that the set-based fast path would get
+    wrong, so they are replayed one statement each (which touches exactly one of
+    identical rows, as PostgreSQL's own apply does for REPLICA IDENTITY FULL): a net
+    change keyed by all columns folds two identical INSERTs into one, and a DELETE or
+    UPDATE matched on all columns hits every identical row in the target."""
+    keyless = [name for name, plan in plans.items() if plan is not None and plan.keyless]
+    if not keyless or not len(chosen):
+        return set()
+    selected = records.take(pa.array(chosen))
+    tables = selected.column("table").to_pylist()
+    ops = selected.column("op").to_pylist()
+    afters = selected.column("after").to_pylist()
+    units = chunk.unit_of_record[chosen].tolist()
+    wanted, seen, found = set(keyless), set(), set()
+    for unit, table, op, after in zip(units, tables, ops, afters):
+        if table not in wanted:
+            continue
+        if op != "INSERT" or (unit, table, after) in seen:
+            found.add((int(unit), table))
+        seen.add((unit, table, after))
+    return found
 
 
 _NET_LINES = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),

@@ -202,12 +202,12 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
     """The records of a trail file; with `verify`, checked against its own metadata.
 
     `path` may be a trail location on another filesystem (an s3a:// or hdfs:// URI) read
-    through `fs`, a `trailbound.trail.fs` filesystem. `sha256`, the whole file's SHA-256 as recorded in
+    through `fs`, a `trailbound.files` file system. `sha256`, the whole file's SHA-256 as recorded in
     trailbound.trail_file, is checked before anything is decoded: a remote copy that is
     not the file that was committed stops the reader with the file's name."""
     source = None
     if fs is not None or sha256 is not None:
-        from trailbound.trail import fs as trailfs
+        from trailbound import files as trailfs
 
         source = (fs or trailfs.LOCAL).read_bytes(str(path))
         if sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:

@@ -26,7 +26,7 @@ from trailbound.ggsci import utc
 from trailbound.metadata import MetadataStore
 from trailbound.positions import TrailPosition
 from trailbound.trail import catalog
-from trailbound.trail import fs as trailfs
+from trailbound import files as trailfs
 
 CRASH_POINTS = ("mid_purge",)
 
