@@ -216,7 +216,7 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
         assert finished, output[-3000:]
         return ("success" if "state=success" in finished[-1] else "failed"), output
 
-    tables = ("public.items", "public.other")
+    tables = [("public", "items"), ("public", "other")]
     state, output = dags_test("load_pg_rep1", {"table": "public.*", "chunk_rows": 200, "mode": "snapshot"})
     assert state == "success", output[-3000:]
     assert "exported snapshot" in output, output[-3000:]  # the task log shows the load as it goes
