@@ -178,7 +178,7 @@ def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_bac
     assert digests(world.target, TABLES) == digests(world.source, TABLES)
 
 
-@pytest.mark.long_running(400)
+@pytest.mark.long_running(480)
 def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across_runs(
         spark, store, tmp_path, source_dsn, target_dsn, monkeypatch):
     """Airflow (`airflow dags test`): first the load DAG, triggered by hand in snapshot mode

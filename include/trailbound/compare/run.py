@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
-from psycopg2 import sql
 
 from trailbound.compare import confirm as confirming
 from trailbound.compare import sides
