@@ -98,13 +98,15 @@ def test_every_package_opens_with_a_docstring():
 
 
 def test_sources_and_dev_tools_stand_outside_the_engine():
-    """Only the command line (`trailbound simulate`) and the initial load's command (which
-    reads the live source, as the miner does) may reach a source; nothing reaches dev tools."""
+    """Only the command line (`trailbound simulate`), the initial load's command (which
+    reads the live source, as the miner does) and the compare's driver (the load's key-range
+    planner) may reach a source; nothing reaches dev tools."""
     graph = _graph(module_level=False)
     outside = ("trailbound.sources", "trailbound.devtools")
     users = {name: sorted(d for d in deps if d.startswith(outside))
              for name, deps in graph.items() if not name.startswith(outside)}
-    assert sorted(name for name, deps in users.items() if deps) == ["trailbound.cli", "trailbound.load.run"]
+    assert sorted(name for name, deps in users.items() if deps) == ["trailbound.cli", "trailbound.compare.run",
+                                                                     "trailbound.load.run"]
     # and only the command line starts a load: the engine (replicat) uses the load's
     # target-side modules, which reach no source
     assert sorted(name for name, deps in graph.items() if "trailbound.load.run" in deps) == ["trailbound.cli"]

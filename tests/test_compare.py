@@ -178,11 +178,13 @@ def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_bac
     assert digests(world.target, TABLES) == digests(world.source, TABLES)
 
 
-@pytest.mark.long_running(400)
+@pytest.mark.long_running(480)
 def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across_runs(
         spark, store, tmp_path, source_dsn, target_dsn, monkeypatch):
-    """Airflow (`airflow dags test`): the compare DAG, triggered with a table pattern and no
-    wait, finds two rows changed behind the replicat's back on an idle source; the
+    """Airflow (`airflow dags test`): first the load DAG, triggered by hand in snapshot mode
+    before the first pull, copies the source's rows into the target, its progress lines in
+    the task log; the replicat takes over after the snapshot. Then the compare DAG,
+    triggered with a table pattern and no wait, finds two rows changed behind the replicat's back on an idle source; the
     replicat is not past them yet, so they are in flight and the run succeeds. After the
     pipeline has run once more (nothing to apply, but capture reads past them), the
     replicat DAG's Great Expectations check compares again and confirms both: it fails."""
@@ -195,14 +197,13 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
     world.config = configuration.load(world.config_path)
     assert world.cli("add", "source", "PG") == 0
     assert world.cli("target", "create") == 0
-    execute(source_dsn, "INSERT INTO public.items SELECT g, 'n' || g FROM generate_series(1, 500) g")
-    world.pipeline()
-    execute(target_dsn, "UPDATE public.items SET note = 'changed' WHERE id = 3", "DELETE FROM public.items WHERE id = 4")
+    execute(source_dsn, "INSERT INTO public.items SELECT g, 'n' || g FROM generate_series(1, 500) g",
+            "INSERT INTO public.other SELECT generate_series(1, 30)")
 
     airflow = AirflowWorld(tmp_path, world.config_path, store.connection.dsn, target_dsn)
     airflow.env.pop(SOURCE_ENV, None)
     airflow.env["AIRFLOW_CONN_SOURCE_PG"] = as_uri(source_dsn)  # the DAGs find the source through its connection
-    assert (airflow.dags / "compare_pg_rep1.py").exists()
+    assert (airflow.dags / "compare_pg_rep1.py").exists() and (airflow.dags / "load_pg_rep1.py").exists()
 
     def dags_test(dag_id: str, conf: dict | None = None) -> tuple[str, str]:
         from datetime import UTC, datetime
@@ -214,6 +215,19 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
         finished = [line for line in output.splitlines() if "DagRun Finished" in line]
         assert finished, output[-3000:]
         return ("success" if "state=success" in finished[-1] else "failed"), output
+
+    tables = [("public", "items"), ("public", "other")]
+    state, output = dags_test("load_pg_rep1", {"table": "public.*", "chunk_rows": 200, "mode": "snapshot"})
+    assert state == "success", output[-3000:]
+    assert "exported snapshot" in output, output[-3000:]  # the task log shows the load as it goes
+    assert "public.items -> public.items: 3 chunk(s) of about 200 rows" in output, output[-3000:]
+    assert "public.items -> public.items: 3/3 chunks, 500 of about" in output, output[-3000:]
+    assert "public.other -> public.other: 1/1 chunks, 30 of about" in output, output[-3000:]
+    assert digests(target_dsn, tables) == digests(source_dsn, tables)
+    execute(source_dsn, "UPDATE public.items SET note = 'after the load' WHERE id = 1")
+    world.pipeline()  # the replicat takes over after the snapshot: the later change, once
+    assert digests(target_dsn, tables) == digests(source_dsn, tables)
+    execute(target_dsn, "UPDATE public.items SET note = 'changed' WHERE id = 3", "DELETE FROM public.items WHERE id = 4")
 
     state, output = dags_test("compare_pg_rep1", {"table": "public.items", "wait_seconds": 0})
     assert state == "success", output[-3000:]

@@ -116,6 +116,14 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
                 "Fails, firing the alerts, when rows are out of sync; the report file is in the log.",
                 "compare_dag", group=name, source=source, interval=config.airflow.compare_interval,
                 start_date=start, wait_seconds=int(wait.total_seconds()), on_failure_callbacks=alerts)
+            files[f"load_{source.lower()}_{name.lower()}.py"] = _render(
+                f"Initial load of {source}'s tables into replicat {name}'s target (triggered by hand).",
+                "Copies the live source's current rows into the target on Spark in key-range chunks\n"
+                "(`trailbound load`), without locks: mode snapshot (before the first pull, at the\n"
+                "slot's exported snapshot; the replicat starts after it) or watermark (any time, on a\n"
+                "table already replicated; resumable). Trigger it from the UI with params table (a\n"
+                "pattern), chunk_rows and mode; progress per table is in the task log.",
+                "load_dag", group=name, source=source, start_date=start, on_failure_callbacks=alerts)
     files["retention.py"] = _render(
         f"Archive-log retention, every {config.airflow.retention_interval}.",
         "Purges redo segments below the minimum SCN every registered capture still needs,\n"

@@ -325,6 +325,36 @@ def compare_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
     return dag
 
 
+def load_dag(*, dag_id: str, doc_md: str, group: str, source: str, start_date: datetime,
+             on_failure_callbacks: Sequence[str] = ()) -> DAG:
+    """Initial load per live source and replicat, triggered by hand only (no schedule):
+    `trailbound load` with a table pattern, chunk size and mode; its progress (chunks and
+    rows done per table, with an estimate) goes to the task log as it happens."""
+    params = {
+        "table": Param("*.*", type="string", minLength=1, maxLength=256,
+                       description="source tables to load: schema.table with * and ? (default: every mapped one)"),
+        "chunk_rows": Param(50_000, type="integer", minimum=1, maximum=100_000_000,
+                            description="rows per key-range chunk (one Spark task each)"),
+        "mode": Param("snapshot", type="string", enum=["snapshot", "watermark"],
+                      description="snapshot: before the first pull, at the slot's exported snapshot; "
+                                  "watermark: any time, between low and high watermarks (resumable)"),
+    }
+    with _dag(dag_id, doc_md, start_date, on_failure_callbacks, ["load", source, group], schedule=None,
+              max_active_runs=1, params=params, default_args={**DEFAULT_ARGS, "retries": 0}) as dag:
+
+        @task(task_id="load_tables")
+        def load_tables(params: dict | None = None) -> str:
+            """The load; each progress line is printed (so logged) the moment it is said."""
+            result = TrailboundHook().load(source, group, mode=params["mode"], pattern=params["table"],
+                                           chunk_rows=int(params["chunk_rows"]),
+                                           say=lambda line: print(line, flush=True))
+            print(result.describe())
+            return result.describe()
+
+        load_tables()
+    return dag
+
+
 def _spark_if(needed: bool):
     """A Spark session for a trail out of the local filesystem's reach (s3a://, hdfs://)."""
     if not needed:

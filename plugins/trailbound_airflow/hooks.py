@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import os
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from typing import Iterator
+from typing import Callable, Iterator
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
@@ -102,6 +102,19 @@ class TrailboundHook(BaseHook):
         self.export_target_dsn()
         with self.spark(f"trailbound compare {source} {replicat}") as spark, self.store() as store:
             return compare(spark, store, self.config, source, replicat, pattern=pattern, wait_seconds=wait_seconds)
+
+    def load(self, source: str, replicat: str, *, mode: str = "snapshot", pattern: str = "*.*",
+             chunk_rows: int = 50_000, say: Callable[[str], None] = print):
+        """`trailbound load SOURCE REPLICAT` on a local Spark session in this task (the
+        source's DSN stays in this process, as for the compare); `say` gets each progress
+        line as it happens. Returns the LoadResult."""
+        from trailbound.load.run import run_load
+
+        self.export_source_dsn(source)
+        self.export_target_dsn()
+        with self.spark(f"trailbound load {source} {replicat}") as spark, self.store() as store:
+            return run_load(spark, store, self.config, source, replicat, mode=mode, pattern=pattern,
+                            chunk_rows=chunk_rows, say=say)
 
     @contextmanager
     def spark(self, name: str):

@@ -1,7 +1,6 @@
 """Compare: a Veridata-style check that a PostgreSQL source's tables and their replicat
 targets hold the same rows (`trailbound compare SRC REP1`, docs/compare.md).
 
-    ranges.py    key ranges of a table, planned on the source (the boundaries both sides use)
     sides.py     the SQL run on either side: session settings, a range's digest, its rows,
                  rows by key; the one Spark task per range (check_range)
     confirm.py   how far the replicat has applied (an LSN), and the confirm-out-of-sync step
@@ -10,5 +9,6 @@ targets hold the same rows (`trailbound compare SRC REP1`, docs/compare.md).
 
 The command line, `quality.py` (the replica check of a live source) and the Airflow
 plugin import this package; no other engine package does. It reads the source database
-directly (plain SELECTs, no locks), never through trailbound.sources.
+directly (plain SELECTs, no locks); only run.py reaches trailbound.sources, for the key-range
+planner it shares with the initial load (sources/postgres/keyranges.py).
 """

@@ -2,7 +2,8 @@
 
 1. Plan: the source's tables from defs.json (filtered by --table), mapped through the
    replicat's MAP rules to target tables (the target's catalog must have their columns);
-   key ranges planned on the source.
+   key ranges planned on the source by the initial load's planner
+   (sources/postgres/keyranges.py: this driver alone reaches it, not the Spark tasks).
 2. One Spark task per range (sides.check_range): both sides' digests, rows only where
    they differ.
 3. Confirm (confirm.py): differences are re-checked once the replicat has applied past
@@ -22,17 +23,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
-from psycopg2 import sql
 
 from trailbound.compare import confirm as confirming
-from trailbound.compare import ranges, sides
+from trailbound.compare import sides
 from trailbound.compare.sides import RangeTask, RowDifference, TableSpec
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.metadata import dsn_from_env
+from trailbound.sources.postgres import keyranges
 
 REPORT_DIR = Path("var/compare")
 DEFAULT_WAIT_SECONDS = 300.0
+DEFAULT_CHUNK_ROWS = 50_000
 
 
 @dataclass
@@ -180,13 +182,16 @@ def _specs(config: Config, source: str, group: str, pattern: str, target_connect
     return specs
 
 
-def _plan_ranges(source_connection, specs: list[TableSpec], chunk_rows: int) -> dict[str, list[ranges.KeyRange]]:
+def _plan_ranges(source_connection, specs: list[TableSpec], chunk_rows: int) -> dict[str, list[keyranges.KeyRange]]:
+    """The load's planner on the source's key (the ranges are open at both ends, so a
+    target row beyond the source's last key is still compared). A table without a key
+    is one range: its rows are compared as a multiset."""
     planned = {}
     with source_connection.cursor() as cur:
         for spec in specs:
             try:
-                planned[spec.source] = ranges.plan(cur, sql.Identifier(*spec.source_rel), spec.key, spec.keyless,
-                                                   chunk_rows)
+                planned[spec.source] = ([keyranges.KeyRange(None, None)] if spec.keyless else
+                                        keyranges.plan(cur, *spec.source_rel, list(spec.key), chunk_rows))
             except psycopg2.Error as exc:
                 raise TrailboundError(f"source table {spec.source}: {' '.join(str(exc).split())}") from None
     return planned
@@ -267,7 +272,7 @@ def resolve(config: Config, source: str, replicat: str) -> tuple[str, str]:
 
 
 def compare(spark, store, config: Config, source: str, replicat: str, *, pattern: str = "*",
-            chunk_rows: int = ranges.DEFAULT_CHUNK_ROWS, wait_seconds: float = DEFAULT_WAIT_SECONDS,
+            chunk_rows: int = DEFAULT_CHUNK_ROWS, wait_seconds: float = DEFAULT_WAIT_SECONDS,
             catch_up: Callable[[], None] | None = None, report_dir: Path | None = None,
             source_dsn: str | None = None, target_dsn: str | None = None) -> CompareReport:
     """Compare a source's tables (matching `pattern`, schema.table with * and ?) with the
@@ -289,7 +294,8 @@ def compare(spark, store, config: Config, source: str, replicat: str, *, pattern
     try:
         specs = _specs(config, source, group, pattern, target_connection)
         planned = _plan_ranges(source_connection, specs, chunk_rows)
-        tasks = [RangeTask(spec, bounds, source_dsn, target_dsn) for spec in specs for bounds in planned[spec.source]]
+        tasks = [RangeTask(spec, index, bounds, source_dsn, target_dsn)
+                 for spec in specs for index, bounds in enumerate(planned[spec.source])]
         results = _run_tasks(spark, tasks)
 
         by_name = {spec.source: spec for spec in specs}

@@ -16,13 +16,17 @@ from __future__ import annotations
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg2
 from psycopg2 import sql
 
-from trailbound.compare.ranges import KeyRange, key_sql, predicate
 from trailbound.errors import TrailboundError
+from trailbound.load.keys import key_row, range_condition
 from trailbound.metadata import connection_error
+
+if TYPE_CHECKING:  # planned by the driver (compare/run.py), which alone reaches the source's planner
+    from trailbound.sources.postgres.keyranges import KeyRange
 
 # The text forms both sides must agree on (the archive's forms, docs/live-postgres.md).
 SESSION = {"TimeZone": "UTC", "DateStyle": "ISO", "IntervalStyle": "postgres", "bytea_output": "hex",
@@ -87,12 +91,13 @@ class RowDifference:
 @dataclass(frozen=True)
 class RangeTask:
     table: TableSpec
-    bounds: KeyRange
+    index: int                        # the range's place in the table's key order
+    bounds: KeyRange                  # text-form bounds, read by each side's own row type
     source_dsn: str
     target_dsn: str
 
     def __repr__(self) -> str:  # never show a DSN (it may hold a password) in a Spark error
-        return f"RangeTask({self.table.source} range {self.bounds.index})"
+        return f"RangeTask({self.table.source} range {self.index})"
 
 
 @dataclass
@@ -122,9 +127,14 @@ def _texts(columns: tuple[str, ...]) -> sql.Composable:
                                                          for c in columns))
 
 
+def _where(table: TableSpec, relation: tuple[str, str], bounds: KeyRange) -> tuple[sql.Composed, list]:
+    """The range's condition on one side: its bounds become values by that side's row type."""
+    return range_condition(sql.Identifier(*relation), table.key, bounds.lo, bounds.hi)
+
+
 def digest(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyRange) -> tuple[int, str]:
     """(rows, order-independent digest) of a range."""
-    where, args = predicate(table.key, table.keyless, bounds)
+    where, args = _where(table, relation, bounds)
     row = sql.SQL("ROW({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in table.columns))
     with connection.cursor() as cur:
         cur.execute(sql.SQL("SELECT count(*), coalesce(sum(('x' || left(md5({}::text), 15))::bit(60)::bigint), 0)"
@@ -159,9 +169,9 @@ def rows(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyRan
             if not keys:
                 return {}
             cur.execute(sql.SQL("SELECT {}, {} FROM {} WHERE {} IN %s").format(
-                names, texts, sql.Identifier(*relation), key_sql(table.key)), (tuple(keys),))
+                names, texts, sql.Identifier(*relation), key_row(table.key)), (tuple(keys),))
         else:
-            where, args = predicate(table.key, table.keyless, bounds)
+            where, args = _where(table, relation, bounds)
             cur.execute(sql.SQL("SELECT {}, {} FROM {} WHERE {}").format(names, texts, sql.Identifier(*relation),
                                                                        where), args)
         width = len(table.key)
@@ -178,7 +188,7 @@ def row_hashes(connection, table: TableSpec, relation: tuple[str, str], bounds: 
     row = sql.SQL("ROW({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in table.columns))
     names = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
     texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in table.key)
-    where, args = predicate(table.key, table.keyless, bounds)
+    where, args = _where(table, relation, bounds)
     width = len(table.key)
     with connection.cursor() as cur:
         cur.execute(sql.SQL("SELECT md5({}::text), {}, {} FROM {} WHERE {}").format(
@@ -213,7 +223,7 @@ def check_range(task: RangeTask) -> RangeResult:
             on_target = pool.submit(digest, target, table, table.target_rel, bounds)
             (source_rows, source_digest), (target_rows, target_digest) = on_source.result(), on_target.result()
             if (source_rows, source_digest) == (target_rows, target_digest):
-                return RangeResult(table.source, bounds.index, source_rows, target_rows, True, source_rows)
+                return RangeResult(table.source, task.index, source_rows, target_rows, True, source_rows)
 
             if table.keyless:  # no key to ask by: both sides' rows, counted
                 on_source = pool.submit(rows, source, table, table.source_rel, bounds)
@@ -223,7 +233,7 @@ def check_range(task: RangeTask) -> RangeResult:
                 compared = (sum(n for _, n in source_found.values()) + sum(n for _, n in target_found.values())
                             - sum(min(n, target_found[k][1]) for k, (_, n) in source_found.items()
                                   if k in target_found))  # rows on both sides count once
-                return RangeResult(table.source, bounds.index, source_rows, target_rows, False, compared,
+                return RangeResult(table.source, task.index, source_rows, target_rows, False, compared,
                                    differences(table, source_found, target_found, lsn))
             # A row hash per key first; whole rows only for the keys whose hashes differ.
             on_source = pool.submit(row_hashes, source, table, table.source_rel, bounds)
@@ -249,5 +259,5 @@ def check_range(task: RangeTask) -> RangeResult:
         (values_a, a), (values_b, b) = (found[key][0] or (None, None)), (found[key][1] or (None, None))
         if a != b:  # a row may have changed back between the two reads
             result.append(RowDifference(table.source, key, values_a or values_b, a, b, found[key][2]))
-    return RangeResult(table.source, bounds.index, source_rows, target_rows, False, compared, result)
+    return RangeResult(table.source, task.index, source_rows, target_rows, False, compared, result)
 

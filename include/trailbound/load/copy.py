@@ -151,14 +151,21 @@ def _at_snapshot(task: ChunkTask, source, target) -> int:
         src.execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
         condition, params = range_condition(target_table, task.key, task.lo, task.hi)
         tgt.execute(sql.SQL("DELETE FROM {} WHERE {}").format(target_table, condition), params)
-        copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(target_table, _columns(task.columns)).as_string(tgt)
-        try:
-            rows = _pipe(src, _select(task, src), tgt, copy_in)
-        except BaseException:
-            target.rollback()
-            raise
-        target.commit()
+        rows = _copy_committed(task, src, target, tgt, target_table)
         source.rollback()
+    return rows
+
+
+def _copy_committed(task: ChunkTask, src, target, tgt, into: sql.Composable) -> int:
+    """The chunk's rows piped from the source into `into` and committed on the target
+    (rolled back there on any failure, a kill included); how many rows."""
+    copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(into, _columns(task.columns)).as_string(tgt)
+    try:
+        rows = _pipe(src, _select(task, src), tgt, copy_in)
+    except BaseException:
+        target.rollback()
+        raise
+    target.commit()
     return rows
 
 
@@ -171,13 +178,7 @@ def _between_watermarks(task: ChunkTask, source, target) -> int:
                     .format(WATERMARK.ident), (task.window_id, task.source_table, bounds["lo"], bounds["hi"]))
         _settle(src)
         tgt.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(staging, sql.Identifier(*task.target)))
-        copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(staging, _columns(task.columns)).as_string(tgt)
-        try:
-            rows = _pipe(src, _select(task, src), tgt, copy_in)
-        except BaseException:
-            target.rollback()
-            raise
-        target.commit()  # the staged rows are durable before the high watermark names them
+        rows = _copy_committed(task, src, target, tgt, staging)  # durable before the high watermark names them
         src.execute(sql.SQL("UPDATE {} SET mark = 'high', written_at = now() WHERE window_id = %s")
                     .format(WATERMARK.ident), (task.window_id,))
     return rows
