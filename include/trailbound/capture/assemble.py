@@ -8,8 +8,9 @@ Given the records a run reads and what earlier runs decided, it:
 - drops rolled-back transactions and rolled-back subtransactions (savepoints);
 - leaves alone transactions that ended below `read_scn`: earlier runs decided them;
 - never writes a transaction marked skip (in flight at the begin point, skiptrans);
-- writes each newly committed transaction whole, with its captured-table records in log
-  order, marked with its transaction indicator, in CSN order;
+- gives each newly committed transaction's captured-table records with its CSN, and
+  each such transaction's record count and size (capture.trailwrite cuts them into
+  files, orders them and marks their transaction indicators);
 - reports the transactions still open (their start is the recovery position).
 """
 
