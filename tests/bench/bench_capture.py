@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "capture.md"
 PLOT = REPO / "docs" / "benchmarks" / "capture.png"
 SENTINEL = "BENCH-RESULT "
+LOG = REPO / "var" / "bench" / "capture-results.jsonl"
 
 
 BASE = 1_000_000  # simulated; larger archives are whole copies of it laid end to end
@@ -130,7 +131,7 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def one_run(records: int, master: str, driver_memory: str | None) -> dict:
+def one_run(records: int, master: str, driver_memory: str | None, compare_scan: bool = False) -> dict:
     """One process's measurement (see the module docstring)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from benchdb import fresh_database
@@ -168,6 +169,17 @@ def one_run(records: int, master: str, driver_memory: str | None) -> dict:
     spark.read.parquet(*paths).orderBy("scn", "rba").write.mode("overwrite").parquet(str(work / "plain"))
     plain = time.perf_counter() - started
 
+    scan_before = None
+    if compare_scan:  # the scan's checks as they were before issue 17, on the same files
+        from trailbound.archive import reader
+        from trailbound.archive.segments import verify_data
+
+        started = time.perf_counter()
+        for segment in segments:
+            verify_data(segment)
+        reader.check_records(spark, segments)
+        scan_before = time.perf_counter() - started
+
     started = time.perf_counter()
     ArchiveCatalog(store, "BENCH").scan(archive, spark)
     scan = time.perf_counter() - started
@@ -179,7 +191,7 @@ def one_run(records: int, master: str, driver_memory: str | None) -> dict:
     store.close()
     spark.stop()
     return {"records": total, "segments": len(segments), "master": master, "driver_memory": driver_memory or "default",
-            "plain_s": plain, "scan_s": scan, "capture_s": capture,
+            "plain_s": plain, "scan_s": scan, "scan_before_s": scan_before, "capture_s": capture,
             "transactions_written": result.transactions_written, "records_written": result.records_written,
             "trail_files": len(result.files), "phases": result.timings,
             "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -251,16 +263,20 @@ class Standalone:
                 process.kill()
 
 
-def _child(records: int, master: str, driver_memory: str | None) -> dict:
+def _child(records: int, master: str, driver_memory: str | None, compare_scan: bool = False) -> dict:
     command = [sys.executable, __file__, "--one", str(records), master]
     if driver_memory:
         command += ["--driver-memory", driver_memory]
+    if compare_scan:
+        command.append("--compare-scan")
     print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(SENTINEL)]
     if done.returncode or not lines:
         raise RuntimeError(f"{master} run of {records:,} records failed:\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1][len(SENTINEL):])
+    with open(LOG, "a") as log:  # every run's figures, for --report-only
+        log.write(json.dumps(result, default=str) + "\n")
     print(f"  plain {result['plain_s']:.1f} s, scan {result['scan_s']:.1f} s, capture {result['capture_s']:.1f} s",
           flush=True)
     return result
@@ -272,18 +288,29 @@ def main() -> int:
                         help="archive sizes; the largest also runs on every master")
     parser.add_argument("--masters", nargs="+", default=["local[2]", "local[1]", "standalone"])
     parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument("--compare-scan", action="store_true",
+                        help="also time the scan's checks as they were before issue 17 (at the largest size)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report from every run logged in var/bench/capture-results.jsonl")
     parser.add_argument("--one", nargs=2, metavar=("RECORDS", "MASTER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        result = one_run(int(args.one[0]), args.one[1], args.driver_memory)
+        result = one_run(int(args.one[0]), args.one[1], args.driver_memory, args.compare_scan)
         print(SENTINEL + json.dumps(result, default=str), flush=True)
         return 0
 
+    if args.report_only:
+        results = [json.loads(line) for line in LOG.read_text().splitlines()]
+        for r in results:
+            if r["master"].startswith("spark://"):
+                r["master"] = "standalone (master + 1 worker, 2 cores, 127.0.0.1)"
+        report(results, args)
+        return 0
     results = []
     largest = max(args.records)
     first = args.masters[0]
     for records in sorted(args.records):
-        results.append(_child(records, first, args.driver_memory))
+        results.append(_child(records, first, args.driver_memory, args.compare_scan and records == largest))
     for master in args.masters[1:]:
         if master == "standalone":
             with Standalone(cores=2, memory="6g") as cluster:
@@ -308,11 +335,25 @@ def report(results: list[dict], args) -> None:
                     f"{r['scan_s']:.1f} s ({r['records'] / r['scan_s']:,.0f}/s) | {r['trail_files']} | "
                     f"{r['driver_peak_rss_mb']:,.0f} / {r['jvm_peak_rss_mb']:,.0f} MB | "
                     f"`{r['digest']['records_sha256'][:12]}` `{r['digest']['files_sha256'][:12]}` |")
-    same_size = [r for r in results if r["records"] == largest["records"]]
-    one = next((r for r in same_size if r["master"] == "local[1]"), None)
-    speedup = (f"local[2] over local[1]: capture {one['capture_s'] / largest['capture_s']:.2f}x, "
-               f"plain {one['plain_s'] / largest['plain_s']:.2f}x" if one else "local[1] not run")
-    digests = {(r["digest"]["records_sha256"], r["digest"]["files_sha256"]) for r in same_size}
+    scaling, same_trail = [], []
+    for size in sorted({r["records"] for r in results}):
+        runs = {r["master"]: r for r in results if r["records"] == size}
+        one, two = runs.get("local[1]"), runs.get("local[2]")
+        if one and two:
+            scaling.append(f"{size:,} records: local[2] over local[1], capture {one['capture_s'] / two['capture_s']:.2f}x, "
+                           f"plain {one['plain_s'] / two['plain_s']:.2f}x, scan {one['scan_s'] / two['scan_s']:.2f}x")
+        if len(runs) > 1:
+            digests = {(r["digest"]["records_sha256"], r["digest"]["files_sha256"]) for r in runs.values()}
+            same_trail.append(f"{size:,} records, {', '.join(runs)}: "
+                              + ("one digest, the same trail files byte for byte" if len(digests) == 1
+                                 else "**the digests differ**"))
+    speedup = "; ".join(scaling) or "local[1] not run"
+    scan_line = ""
+    if largest.get("scan_before_s"):
+        scan_line = (f"- Archive scan, {largest['records']:,} records, same session: before issue 17's change "
+                     f"{largest['scan_before_s']:.1f} s ({largest['records'] / largest['scan_before_s']:,.0f}/s), now "
+                     f"{largest['scan_s']:.1f} s ({largest['records'] / largest['scan_s']:,.0f}/s): "
+                     f"**{largest['scan_before_s'] / largest['scan_s']:.1f}x** (goal 4x).\n")
     phases = "\n".join(f"| {phase} | {seconds:.1f} s |" for phase, seconds in largest["phases"].items())
     command = (".venv/bin/python tests/bench/bench_capture.py --records "
                + " ".join(map(str, args.records)) + " --masters " + " ".join(args.masters)
@@ -342,8 +383,8 @@ one process.
 |---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-- Scaling, {largest['records']:,} records: {speedup}.
-- Same trail on every master: {"yes, one digest" if len(digests) == 1 else "NO, the digests differ"}.
+{scan_line}- Scaling: {speedup}.
+- Same trail on every master: {"; ".join(same_trail) or "one master only"}.
 - Written ({largest['records']:,} records): {largest['transactions_written']:,} transactions,
   {largest['records_written']:,} records in {largest['trail_files']} trail file(s).
 - Goal (issue 17): capture at least 0.5x plain at 10M records:

@@ -58,6 +58,7 @@ class Assembly:
     # rba and trans_ind, which the writer adds) with their file_no; in no particular order.
     trail: Callable[[DataFrame], DataFrame]
     transactions: DataFrame   # one row per transaction seen: thread, txid, start, end, fate, ...
+    subtransactions: DataFrame  # one row per subtransaction: thread, xid, rolled_back_at, last (worth caching)
     broken: DataFrame         # non-empty when some record comes after its transaction's end
     violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
 
@@ -161,6 +162,6 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
                         F.lit(log_bsn.value).cast("long").alias("log_bsn"), "file_no")
                 .select(*trail_columns, "file_no"))
 
-    return Assembly(written=written.join(sizes, ["thread", "txid"]), trail=trail, transactions=txns,
+    return Assembly(written=written.join(sizes, ["thread", "txid"]), trail=trail, transactions=txns, subtransactions=subs,
                     broken=broken_txns.select("thread").unionByName(broken_subs.select("thread"))
                     .unionByName(nested.select("thread")), violations=violations)

@@ -223,6 +223,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
                           horizon_scn=horizon_scn, read_time=read_time)
     assembly = assemble(spark, records, decisions, extract.table, log_bsn)
     txns = assembly.transactions.cache()
+    subs = assembly.subtransactions.cache()  # read by the checks, the sizes and the trail: aggregate once
     broken = assembly.broken.limit(1).count()
     watch.lap("read and group transactions")
     if broken:
@@ -334,6 +335,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
                                    {t.persisted.file for t in state.open if t.persisted})
     txns.unpersist()
+    subs.unpersist()
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
                      len(state.open), timings=watch.phases, recovery=plan.describe, restart=restart.describe(),
                      br_checkpoint=br_checkpoint is not None)

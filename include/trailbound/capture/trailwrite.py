@@ -87,7 +87,9 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
 
     tasks = max(1, min(len(expected), max(8, 2 * spark.sparkContext.defaultParallelism)))
     try:
-        rows = (trail.repartitionByRange(tasks, "file_no").sortWithinPartitions("file_no", *trails.TRAIL_ORDER)
+        # Hash partitioning by file: no sampling pass (a range partitioner would compute
+        # the records twice), and any partitioning keeps each file in one task.
+        rows = (trail.repartition(tasks, "file_no").sortWithinPartitions("file_no", *trails.TRAIL_ORDER)
                 .mapInArrow(write, _ddl(_WRITTEN)).collect())
     finally:
         crashpoint("mid_trail_write")  # a task killed half-way kills the run with it
