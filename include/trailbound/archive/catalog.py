@@ -207,16 +207,13 @@ class ArchiveCatalog:
         and record them all in one transaction. Any violation raises ArchiveError and
         records nothing. Purged segments whose files were restored become available
         again first (`readmit`)."""
-        from trailbound.archive import reader
 
         restored = self.readmit(archive_dir)
         entries, new = self._split(archive_dir)
         last_known = {thread: entries[(thread, sequence)].segment for thread, sequence in sorted(entries)}
         seg.check_sequence(new, last_known)
-        for segment in new:
-            seg.verify_data(segment)
         if new:
-            reader.check_records(spark, new)
+            check_segments(spark, new)
             self._insert(new)
         return ScanResult(added=new, known=len(entries), restored=restored)
 
@@ -228,8 +225,6 @@ class ArchiveCatalog:
         segments). The catalog's stored paths only tell where it last saw the files:
         when they point elsewhere the result says so, and the configured copy is what is
         checked. Purged segments are counted as purged, not read."""
-        from trailbound.archive import reader
-
         entries, new = self._split(archive_dir)
         cataloged = [e.segment for e in entries.values()]
         seg.check_sequence(cataloged + new)
@@ -245,9 +240,7 @@ class ArchiveCatalog:
                 raise ArchiveError(segment.manifest_path, "manifest of a cataloged segment is missing")
             readable.append(segment)
         readable += new
-        for segment in readable:
-            seg.verify_data(segment)
-        reader.check_records(spark, readable)
+        check_segments(spark, readable)
         purged = [e.segment for e in entries.values() if e.state == PURGED]
         return VerifyResult(readable, purged, elsewhere)
 
@@ -272,3 +265,25 @@ class ArchiveCatalog:
                 [(self.source, s.thread, s.sequence, s.first_scn, s.next_scn, s.first_time, s.next_time, s.records,
                   s.bytes, s.sha256, s.format, str(s.path), s.closed) for s in new],
             )
+
+
+def check_segments(spark, segments: Sequence[Segment]) -> None:
+    """Check new segments' files against their manifests and every record against the
+    contract, raising the first ArchiveError in (thread, sequence, rba) order. Each file
+    is read once, in a Spark task per thread (segments.check_thread, vectorised); only
+    when that finds something, or for JSON Lines, does the Spark reader look at the
+    records to name the first bad one."""
+    from trailbound.archive import reader
+
+    threads: dict[int, list[Segment]] = {}
+    for segment in sorted(segments, key=lambda s: (s.thread, s.sequence)):
+        threads.setdefault(segment.thread, []).append(segment)
+    groups = list(threads.values())
+    results = spark.sparkContext.parallelize(groups, len(groups)).map(seg.check_thread).collect()
+    errors = [error for error, _ in results if error is not None]
+    if errors:
+        order = {str(s.path): (s.thread, s.sequence) for s in segments}
+        path, message, rba = min(errors, key=lambda e: order.get(e[0], (0, 0)))
+        raise ArchiveError(path, message, rba=rba)
+    if not all(passed for _, passed in results):
+        reader.check_records(spark, segments)

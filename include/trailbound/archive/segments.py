@@ -9,7 +9,7 @@ the Spark reader.
 
 from __future__ import annotations
 
-import codecs
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trailbound.archive import contract
-from trailbound.durable import file_sha256
 from trailbound.errors import ArchiveError
 
 
@@ -135,9 +134,10 @@ def _compatible(field: pa.Field) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
 
 
-def _check_parquet_columns(segment: Segment) -> int:
+def _parquet_file(segment: Segment, data: bytes) -> pq.ParquetFile:
+    """The data file's Parquet reader (over bytes already read), its columns checked."""
     try:
-        parquet = pq.ParquetFile(segment.path)
+        parquet = pq.ParquetFile(pa.BufferReader(data))
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise ArchiveError(segment.path, f"not a readable Parquet file: {' '.join(str(exc).split())}") from None
     schema = parquet.schema_arrow
@@ -147,50 +147,181 @@ def _check_parquet_columns(segment: Segment) -> int:
     for field in schema:
         if field.name in contract.RECORD_FIELDS and not _compatible(field):
             raise ArchiveError(segment.path, f"column {field.name} has type {field.type}, not what the contract says")
-    return parquet.metadata.num_rows
+    return parquet
+
+
+def read_verified(segment: Segment) -> tuple[bytes, pq.ParquetFile | None]:
+    """The data file's bytes, read once and checked against the manifest: present, size,
+    sha256, UTF-8 (JSON Lines), record count; with its Parquet reader for a Parquet file."""
+    path = segment.path
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ArchiveError(path, f"data file of {segment.manifest_path.name} is missing") from None
+    if len(data) != segment.bytes:
+        raise ArchiveError(path, f"size is {len(data)} bytes, the manifest says {segment.bytes}")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != segment.sha256:
+        raise ArchiveError(path, f"sha256 is {digest}, the manifest says {segment.sha256}")
+    parquet = None
+    if segment.format == "jsonl":
+        # Spark's reader would replace bad bytes with U+FFFD and carry on: the bytes are
+        # checked here, where the error can name the line.
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start)
+            raise ArchiveError(path, f"line {line + 1} is not valid UTF-8", rba=line) from None
+        records = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    else:
+        parquet = _parquet_file(segment, data)
+        records = parquet.metadata.num_rows
+    if records != segment.records:
+        raise ArchiveError(path, f"holds {records} records, the manifest says {segment.records}",
+                           rba=min(records, segment.records))
+    return data, parquet
 
 
 def verify_data(segment: Segment) -> None:
     """Check the data file against its manifest: present, size, sha256, record count."""
-    path = segment.path
-    if not path.exists():
-        raise ArchiveError(path, f"data file of {segment.manifest_path.name} is missing")
-    size = path.stat().st_size
-    if size != segment.bytes:
-        raise ArchiveError(path, f"size is {size} bytes, the manifest says {segment.bytes}")
-    newlines, last = 0, b"\n"
-    # JSON Lines must be UTF-8; Spark's reader would replace bad bytes with U+FFFD and
-    # carry on, so the bytes are checked in the same pass as the digest, where the error
-    # can name the line.
-    text = codecs.getincrementaldecoder("utf-8")() if segment.format == "jsonl" else None
-    bad_text: int | None = None
+    read_verified(segment)
 
-    def each_chunk(chunk: bytes) -> None:  # the same pass counts the records of a JSON-lines segment
-        nonlocal newlines, last, bad_text
-        if text is not None and bad_text is None:
-            try:
-                text.decode(chunk)
-            except UnicodeDecodeError as exc:
-                bad_text = newlines + chunk.count(b"\n", 0, exc.start)
-        newlines += chunk.count(b"\n")
-        last = chunk[-1:]
-    digest = file_sha256(path, each_chunk=each_chunk)
-    if text is not None and bad_text is None:
+
+# ---------------------------------------------------------------- the scan's record pre-check
+#
+# Every record of a new segment must pass the contract's checks before the segment is
+# cataloged. The Spark reader (archive.reader) is the reference: it names the first bad
+# record. Running it over every record of a large archive is slow (a window, joins and a
+# JSON parse of every image on the JVM), so a scan first runs the same checks here,
+# vectorised over Arrow columns, one task per thread, reading each file once (its bytes
+# give the sha256 and then the records). A check here may be stricter than the contract
+# (an image with a line break, a file not in rba order): anything it flags goes to the
+# Spark reader, which either names the bad record or finds none. It never passes what
+# the reader would refuse.
+
+_IMAGE_PARSE = None
+
+
+def _images_are_objects(images: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether every non-null image is JSON object text (one object, nothing else)."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    global _IMAGE_PARSE
+    values = pc.drop_null(images)
+    if not len(values):
+        return True
+    if not pc.all(pc.starts_with(pc.utf8_ltrim(values, characters=" "), "{")).as_py():
+        return False
+    if pc.any(pc.match_substring(values, "\n")).as_py() or pc.any(pc.match_substring(values, "\r")).as_py():
+        return False  # one value per line below
+    if _IMAGE_PARSE is None:
+        _IMAGE_PARSE = pj.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
+    lines = pc.binary_join_element_wise(values, "", "\n")  # each value, then a line break
+    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset:lines.offset + len(lines) + 1]
+    text = lines.buffers()[2][int(offsets[0]):int(offsets[-1])]
+    try:
+        parsed = pj.read_json(pa.BufferReader(text), parse_options=_IMAGE_PARSE,
+                              read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 20, text.size + 1)))
+    except pa.ArrowInvalid:
+        return False
+    return parsed.num_rows == len(values)
+
+
+_TEXT = ("xid", "parent_xid", "op", "table", "before", "after")
+
+
+def _records_pass(segment: Segment, table: pa.Table) -> bool:
+    """The per-record checks of archive.reader._record_violations, vectorised."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    table = table.cast(pa.schema([pa.field(f.name, pa.string()) if f.name in _TEXT else f for f in table.schema]))
+    rba, scn = table.column("rba"), table.column("scn")
+    if rba.null_count or scn.null_count or table.column("ts").null_count:
+        return False
+    if not np.array_equal(rba.to_numpy().astype(np.int64), np.arange(n, dtype=np.int64)):
+        return False
+    scns = scn.to_numpy().astype(np.int64)
+    if n and (np.any(np.diff(scns) < 0) or scns[0] < segment.first_scn or scns[-1] >= segment.next_scn):
+        return False
+    xid, op, name = table.column("xid"), table.column("op"), table.column("table")
+    parent = table.column("parent_xid") if "parent_xid" in table.column_names else pa.nulls(n, pa.string())
+    if xid.null_count or op.null_count:
+        return False
+    length = pc.utf8_length(xid)
+    if pc.min(length).as_py() < 1 or pc.max(length).as_py() > contract.MAX_XID_LENGTH:
+        return False
+    if not pc.all(pc.is_in(op, value_set=pa.array(contract.OPS))).as_py():
+        return False
+    dml = pc.is_in(op, value_set=pa.array(contract.DML_OPS))
+    no_table = pc.or_kleene(pc.is_null(name), pc.equal(pc.fill_null(name, ""), ""))
+    if pc.any(pc.and_(dml, no_table)).as_py():
+        return False
+    if pc.any(pc.and_(pc.equal(op, "COMMIT"), pc.is_valid(parent))).as_py():
+        return False
+    if pc.any(pc.fill_null(pc.equal(parent, xid), False)).as_py():
+        return False
+    return _images_are_objects(table.column("before")) and _images_are_objects(table.column("after"))
+
+
+def _transactions_pass(xid: pa.Array, parent: pa.Array, op: pa.Array, position: pa.Array) -> bool:
+    """The cross-record checks of one thread's new records (archive.reader's
+    _records_after_end and _nested_subtransactions): nothing of a transaction, or of a
+    subtransaction of it, after its first end; no parent_xid naming a subtransaction."""
+    import pyarrow.compute as pc
+
+    records = pa.table({"xid": xid, "parent": parent, "pos": position})
+    ended = pc.is_in(op, value_set=pa.array(contract.END_OPS))
+    ends = (records.filter(ended).group_by("xid").aggregate([("pos", "min")])
+            .rename_columns(["end_xid", "end_pos"]))
+    if ends.num_rows:
+        own = records.join(ends, "xid", "end_xid", join_type="inner")
+        if pc.any(pc.greater(own.column("pos"), own.column("end_pos"))).as_py():
+            return False
+        children = records.filter(pc.is_valid(parent)).join(ends, "parent", "end_xid", join_type="inner")
+        if children.num_rows and pc.any(pc.greater(children.column("pos"), children.column("end_pos"))).as_py():
+            return False
+    subtransactions = pc.unique(pc.filter(xid, pc.is_valid(parent)))
+    if len(subtransactions):
+        nested = pc.and_(pc.is_in(parent, value_set=subtransactions), pc.not_equal(xid, parent))
+        if pc.any(pc.fill_null(nested, False)).as_py():
+            return False
+    return True
+
+
+def check_thread(segments: list[Segment]) -> tuple[tuple[str, str, int | None] | None, bool]:
+    """One thread's new segments, in sequence order, each file read once: (the first
+    file-level error as (path, message, rba), or None; whether every record passed the
+    vectorised checks). Runs in a Spark task; a JSON Lines segment is left to the reader."""
+    import numpy as np
+
+    passed = True
+    narrow: dict[str, list] = {"xid": [], "parent": [], "op": [], "pos": []}
+    for segment in segments:
         try:
-            text.decode(b"", final=True)
-        except UnicodeDecodeError:
-            bad_text = newlines - (1 if last == b"\n" else 0)
-    if digest != segment.sha256:
-        raise ArchiveError(path, f"sha256 is {digest}, the manifest says {segment.sha256}")
-    if bad_text is not None:
-        raise ArchiveError(path, f"line {bad_text + 1} is not valid UTF-8", rba=bad_text)
-    if segment.format == "parquet":
-        records = _check_parquet_columns(segment)
-    else:
-        records = newlines + (0 if last == b"\n" else 1)
-    if records != segment.records:
-        raise ArchiveError(path, f"holds {records} records, the manifest says {segment.records}",
-                           rba=min(records, segment.records))
+            _, parquet = read_verified(segment)
+        except ArchiveError as exc:
+            return (exc.path, exc.message, exc.rba), passed
+        if parquet is None:
+            passed = False
+            continue
+        if not passed or not segment.records:
+            continue
+        table = parquet.read()
+        if "parent_xid" not in table.column_names:
+            table = table.append_column("parent_xid", pa.nulls(table.num_rows, pa.string()))
+        passed = _records_pass(segment, table)
+        if passed:
+            for key, column in (("xid", "xid"), ("parent", "parent_xid"), ("op", "op")):
+                narrow[key].append(table.column(column).cast(pa.string()).combine_chunks())
+            narrow["pos"].append(pa.array((segment.sequence << 32) + np.arange(table.num_rows, dtype=np.int64)))
+    if passed and narrow["xid"]:
+        passed = _transactions_pass(*(pa.concat_arrays(narrow[key]) for key in ("xid", "parent", "op", "pos")))
+    return None, passed
 
 
 def check_sequence(segments: Iterable[Segment], known: dict[int, Segment] | None = None) -> None:

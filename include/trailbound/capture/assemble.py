@@ -8,8 +8,9 @@ Given the records a run reads and what earlier runs decided, it:
 - drops rolled-back transactions and rolled-back subtransactions (savepoints);
 - leaves alone transactions that ended below `read_scn`: earlier runs decided them;
 - never writes a transaction marked skip (in flight at the begin point, skiptrans);
-- writes each newly committed transaction whole, with its captured-table records in log
-  order, marked with its transaction indicator, in CSN order;
+- gives each newly committed transaction's captured-table records with its CSN, and
+  each such transaction's record count and size (capture.trailwrite cuts them into
+  files, orders them and marks their transaction indicators);
 - reports the transactions still open (their start is the recovery position).
 """
 
@@ -19,14 +20,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from trailbound.archive import contract
-from trailbound.positions import TRAIL_ORDER, Csn, Scn, csn_at_or_below
+from trailbound.positions import CSN_COLUMNS, Csn, Scn, csn_at_or_below
 from trailbound.tables import java_regex
-from trailbound.trail.format import BEGIN, END, MIDDLE, WHOLE
+from trailbound.trail.format import FIXED_ROW_BYTES
 
 OPEN, WRITE, SKIP, DONE_EARLIER, ROLLED_BACK, ALREADY_WRITTEN = (
     "open", "write", "skip", "done earlier", "rolled back", "already written")
@@ -50,8 +51,14 @@ class Decisions:
 
 @dataclass
 class Assembly:
-    trail: DataFrame          # trail columns except rba, in commit order
+    # The transactions to write that have records for the trail: thread, txid, the CSN
+    # columns, commit_ts, records, bytes (their size as trail.format counts it).
+    written: DataFrame
+    # Given `written` with a file_no per transaction, the trail records (every column but
+    # rba and trans_ind, which the writer adds) with their file_no; in no particular order.
+    trail: Callable[[DataFrame], DataFrame]
     transactions: DataFrame   # one row per transaction seen: thread, txid, start, end, fate, ...
+    subtransactions: DataFrame  # one row per subtransaction: thread, xid, rolled_back_at, last (worth caching)
     broken: DataFrame         # non-empty when some record comes after its transaction's end
     violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
 
@@ -138,20 +145,23 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("end.sequence")).alias("csn_sequence"),
         F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
     kept = (r.where(F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(java_regex(tables)))
-            .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti")
-            .join(written, ["thread", "txid"]))
-    in_txn = Window.partitionBy("thread", "txid")
-    ordinal = F.row_number().over(in_txn.orderBy("sequence", "rba"))
-    count = F.count(F.lit(1)).over(in_txn)
-    trail = (kept.withColumn("n", ordinal).withColumn("of", count)
-             .select(
-                 F.when(F.col("of") == 1, WHOLE).when(F.col("n") == 1, BEGIN)
-                  .when(F.col("n") == F.col("of"), END).otherwise(MIDDLE).cast("byte").alias("trans_ind"),
-                 "csn", "csn_thread", "csn_sequence", "csn_rba",
-                 F.col("txid").alias("xid"), "commit_ts", "op", "table", "before", "after",
-                 F.col("thread").cast("int").alias("src_thread"), F.col("sequence").alias("src_sequence"),
-                 F.col("rba").alias("src_rba"), F.col("scn").alias("src_scn"),
-                 F.lit(log_bsn.value).cast("long").alias("log_bsn"))
-             .orderBy(*TRAIL_ORDER))
-    return Assembly(trail=trail, transactions=txns, broken=broken_txns.select("thread").unionByName(
-        broken_subs.select("thread")).unionByName(nested.select("thread")), violations=violations)
+            .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti"))
+    # A trail record's size (trail.format.FIXED_ROW_BYTES plus its strings' bytes): what
+    # rollover counts. The xid column holds the top-level transaction id.
+    row_bytes = F.lit(FIXED_ROW_BYTES) + sum(F.coalesce(F.octet_length(c), F.lit(0))
+                                              for c in ("txid", "op", "table", "before", "after"))
+    sizes = kept.groupBy("thread", "txid").agg(F.count(F.lit(1)).alias("records"), F.sum(row_bytes).alias("bytes"))
+
+    def trail(planned: DataFrame) -> DataFrame:
+        trail_columns = ("csn", "csn_thread", "csn_sequence", "csn_rba", "xid", "commit_ts", "op", "table",
+                         "before", "after", "src_thread", "src_sequence", "src_rba", "src_scn", "log_bsn")
+        return (kept.join(planned.select("thread", "txid", *CSN_COLUMNS, "commit_ts", "file_no"), ["thread", "txid"])
+                .select(*CSN_COLUMNS, F.col("txid").alias("xid"), "commit_ts", "op", "table", "before", "after",
+                        F.col("thread").cast("int").alias("src_thread"), F.col("sequence").alias("src_sequence"),
+                        F.col("rba").alias("src_rba"), F.col("scn").alias("src_scn"),
+                        F.lit(log_bsn.value).cast("long").alias("log_bsn"), "file_no")
+                .select(*trail_columns, "file_no"))
+
+    return Assembly(written=written.join(sizes, ["thread", "txid"]), trail=trail, transactions=txns, subtransactions=subs,
+                    broken=broken_txns.select("thread").unionByName(broken_subs.select("thread"))
+                    .unionByName(nested.select("thread")), violations=violations)

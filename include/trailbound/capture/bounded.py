@@ -74,37 +74,80 @@ def restore(spark: SparkSession, restored: list[ckpt.OpenTransaction]) -> DataFr
 
 def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: Scn,
             spark: SparkSession) -> dict[tuple[int, str], ckpt.PersistedObject]:
-    """Write each listed transaction's records (all it has so far) to its own file.
-    Files are written completely (temporary name, fsync, rename, fsync the directory) before the BR
+    """Write each listed transaction's records (all it has so far) to its own file, from
+    Spark tasks: the records never pass through the driver, which gets one row per file
+    and checks that it sees each file as its task wrote it (SHA-256). Files are written
+    completely (temporary name, fsync, rename, fsync the directory) before the BR
     checkpoint that names them commits; until then the previous checkpoint stays valid."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
     from trailbound.archive.reader import RECORD_COLUMNS
+    from trailbound.errors import TrailboundError
 
     if not keys:
         return {}
     directory.mkdir(parents=True, exist_ok=True)
+    location, scn = str(directory), checkpoint_scn.value
+
+    def write(batches):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema([("thread", pa.int32()), ("txid", pa.string()), ("path", pa.string()),
+                            ("sha256", pa.string()), ("records", pa.int64()), ("last_sequence", pa.int64()),
+                            ("last_rba", pa.int64())])
+        pending: list = []
+
+        def finish():
+            rows = pa.Table.from_batches(pending).drop_columns(["txid"])
+            thread, txid = pending[0].column("thread")[0].as_py(), pending[0].column("txid")[0].as_py()
+            path = Path(location) / object_name(thread, txid, Scn(scn))
+            atomic_write(path, lambda temporary: pq.write_table(rows, temporary, compression="zstd"))
+            last = rows.slice(len(rows) - 1).to_pylist()[0]
+            return pa.RecordBatch.from_pylist([{
+                "thread": thread, "txid": txid, "path": str(path), "sha256": file_sha256(path), "records": len(rows),
+                "last_sequence": last["sequence"], "last_rba": last["rba"]}], schema=schema)
+
+        for batch in batches:
+            threads = batch.column("thread").to_numpy(zero_copy_only=False)
+            txids = np.asarray(batch.column("txid").to_pylist(), dtype=object)
+            cuts = np.flatnonzero((threads[1:] != threads[:-1]) | (txids[1:] != txids[:-1])) + 1
+            for start, stop in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(batch)]])):
+                piece = batch.slice(start, stop - start)
+                if pending and (threads[start], txids[start]) != (pending[0].column("thread")[0].as_py(),
+                                                                   pending[0].column("txid")[0].as_py()):
+                    yield finish()
+                    crashpoint("mid_br_persist")  # some files of this checkpoint written, not all
+                    pending = []
+                pending.append(piece)
+        if pending:
+            yield finish()
+
     wanted = spark.createDataFrame(keys, "thread int, txid string")
-    table = (records.withColumn("txid", F.coalesce("parent_xid", "xid"))
-             .join(F.broadcast(wanted), ["thread", "txid"])
-             .orderBy("thread", "txid", "sequence", "rba")
-             .select("txid", *RECORD_COLUMNS).toArrow())
-    persisted = {}
-    for thread, txid in keys:
-        if persisted:
-            crashpoint("mid_br_persist")  # some files of this checkpoint written, not all
-        mask = pc.and_(pc.equal(table["thread"], pa.scalar(thread, table["thread"].type)),
-                       pc.equal(table["txid"], txid))
-        rows = table.filter(mask).drop_columns(["txid"])
-        path = directory / object_name(thread, txid, checkpoint_scn)
-        atomic_write(path, lambda temporary: pq.write_table(rows, temporary, compression="zstd"))
-        last = rows.slice(len(rows) - 1).to_pylist()[0]
-        persisted[(thread, txid)] = ckpt.PersistedObject(path, file_sha256(path), len(rows),
-                                                         LogPosition(thread, last["sequence"], last["rba"]),
-                                                         checkpoint_scn)
+    tasks = max(1, min(len(keys), 2 * spark.sparkContext.defaultParallelism))
+    try:
+        written = (records.withColumn("txid", F.coalesce("parent_xid", "xid"))
+                   .join(F.broadcast(wanted), ["thread", "txid"])
+                   .repartition(tasks, "thread", "txid")
+                   .sortWithinPartitions("thread", "txid", "sequence", "rba")
+                   .select("txid", *RECORD_COLUMNS)
+                   .mapInArrow(write, "thread int, txid string, path string, sha256 string, records long,"
+                                      " last_sequence long, last_rba long")
+                   .collect())
+    finally:
+        crashpoint("mid_br_persist")  # a task killed half-way kills the run with it
+    persisted, asked = {}, set(keys)
+    for row in written:
+        key, path = (row["thread"], row["txid"]), Path(row["path"])
+        if key in persisted or key not in asked:
+            raise TrailboundError(f"{path}: persisted object written twice or not asked for")
+        if not path.is_file() or file_sha256(path) != row["sha256"]:
+            raise TrailboundError(f"{path}: written by a Spark task, but the driver does not see that file (missing "
+                                  "or different); the BR directory must be shared by every node and the driver")
+        persisted[key] = ckpt.PersistedObject(path, row["sha256"], row["records"],
+                                              LogPosition(row["thread"], row["last_sequence"], row["last_rba"]),
+                                              checkpoint_scn)
     return persisted
 
 

@@ -14,21 +14,18 @@ it again. `crashpoint(name)` lets tests kill the job at each named step.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from trailbound.archive import reader
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
-from trailbound.capture import recovery
+from trailbound.capture import recovery, trailwrite
 from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.config import Config
@@ -226,6 +223,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
                           horizon_scn=horizon_scn, read_time=read_time)
     assembly = assemble(spark, records, decisions, extract.table, log_bsn)
     txns = assembly.transactions.cache()
+    subs = assembly.subtransactions.cache()  # read by the checks, the sizes and the trail: aggregate once
     broken = assembly.broken.limit(1).count()
     watch.lap("read and group transactions")
     if broken:
@@ -235,22 +233,14 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
 
     prefix = state.exttrail
     _remove_uncommitted_files(store, prefix, state.write.position.seqno)
-    staging = prefix.parent / f".staging-{state.group}"
-    shutil.rmtree(staging, ignore_errors=True)
-    assembly.trail.write.mode("overwrite").parquet(str(staging))
-    watch.lap("order committed records (Spark)")
+    planned = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024)).cache()
+    expected = trailwrite.expected_files(planned)
+    watch.lap("plan trail files (Spark)")
     crashpoint("before_trail_write")
-    writer = trails.TrailWriter(prefix, state.write.position.seqno + 1,
-                                max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group,
-                                log_bsn=log_bsn.value)
-    for part in sorted(staging.glob("part-*.parquet")):
-        for batch in pq.ParquetFile(part).iter_batches(batch_size=65536, columns=[c for c in trails.COLUMNS if c != "rba"]):
-            batch = batch.add_column(0, "rba", pa.array([0] * len(batch), pa.int64()))
-            writer.add(batch)
-            if writer.files:
-                crashpoint("mid_trail_write")
-    files = writer.close()
-    watch.lap("write trail files")
+    files = trailwrite.write_files(spark, assembly.trail(planned), expected, prefix, state.write.position.seqno + 1,
+                                   group=state.group, log_bsn=log_bsn.value)
+    planned.unpersist()
+    watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 
     fates = {row["fate"]: row["n"] for row in txns.groupBy("fate").agg(F.count(F.lit(1)).alias("n")).collect()}
@@ -345,7 +335,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
                                    {t.persisted.file for t in state.open if t.persisted})
     txns.unpersist()
-    shutil.rmtree(staging, ignore_errors=True)
+    subs.unpersist()
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
                      len(state.open), timings=watch.phases, recovery=plan.describe, restart=restart.describe(),
                      br_checkpoint=br_checkpoint is not None)

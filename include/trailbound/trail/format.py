@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from trailbound.durable import atomic_write, file_sha256
 from trailbound.errors import TrailboundError, TrailError
-from trailbound.positions import Csn, TRAIL_ORDER, TrailPosition
+from trailbound.positions import CSN_COLUMNS, Csn, TRAIL_ORDER, TrailPosition
 
 FORMAT_VERSION = 1
 _METADATA_KEY = b"trailbound.trail"
@@ -111,6 +111,98 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
     return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
 
 
+def _check_sorted(keys: list[np.ndarray]) -> None:
+    """Raise unless the rows given by `keys` (sort-key columns) are in ascending order.
+    Vectorised: a lexicographic "each key >= the previous"."""
+    if not len(keys[0]):
+        return
+    ok = np.zeros(len(keys[0]) - 1, dtype=bool)
+    tied = np.ones(len(keys[0]) - 1, dtype=bool)
+    for column in keys:
+        ok |= tied & (column[1:] > column[:-1])
+        tied &= column[1:] == column[:-1]
+    ok |= tied
+    if not ok.all():
+        at = int(np.argmin(ok))
+        raise TrailboundError(f"internal error: trail records out of commit order at batch row {at}")
+
+
+# ---------------------------------------------------------------- files planned ahead, written in parallel
+#
+# Capture writes a run's trail from many Spark tasks at once, each writing whole files.
+# That needs the rollover decided before anything is written: from each record's size,
+# which is known from its values alone (the Arrow bytes it takes, validity bits aside),
+# transactions in commit order are cut into files the way one sequential writer would
+# cut them. File k of the run then gets seqno first + k, whichever task writes it, so the
+# trail does not depend on how many tasks there are or where they run.
+
+STRING_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_string(f.type))
+# Every record's fixed-width values, plus a 4-byte offset per string value.
+FIXED_ROW_BYTES = sum(f.type.bit_width // 8 for f in SCHEMA if not pa.types.is_string(f.type)) + 4 * len(STRING_COLUMNS)
+
+
+def plan_rollover(transaction_bytes: np.ndarray, max_bytes: int) -> np.ndarray:
+    """The file number (0, 1, ...) of each transaction, given their sizes in commit order:
+    a file takes transactions until one brings it to `max_bytes` or more, and rolls over
+    after that one (never inside a transaction)."""
+    ends = np.cumsum(np.asarray(transaction_bytes, dtype=np.int64))
+    files = np.empty(len(ends), dtype=np.int64)
+    start, base, number = 0, 0, 0
+    while start < len(ends):
+        stop = min(len(ends), int(np.searchsorted(ends, base + max_bytes, side="left")) + 1)
+        files[start:stop] = number
+        base, start, number = int(ends[stop - 1]), stop, number + 1
+    return files
+
+
+def transaction_indicators(csn_keys: list[np.ndarray]) -> np.ndarray:
+    """TransInd of each record of commit-ordered whole transactions: a transaction is a
+    run of records with one CSN (the CSN columns, given as arrays)."""
+    n = len(csn_keys[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int8)
+    changes = np.zeros(n - 1, dtype=bool)
+    for column in csn_keys:
+        changes |= column[1:] != column[:-1]
+    first = np.concatenate([[True], changes])
+    last = np.concatenate([changes, [True]])
+    return np.where(first & last, WHOLE, np.where(first, BEGIN, np.where(last, END, MIDDLE))).astype(np.int8)
+
+
+def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.RecordBatch], *, group: str,
+                        log_bsn: int, between_files=None) -> Iterator[TrailFileInfo]:
+    """Write the files of a stream of record batches sorted by (`file_no`, commit order):
+    the records of file number k become trail file `first_seqno + k`, with their rbas and
+    transaction indicators. `between_files` runs after each file but the last (a crash
+    point). Yields each file's TrailFileInfo as it is written."""
+    pending: list[pa.RecordBatch] = []
+    current = None
+
+    def finish() -> TrailFileInfo:
+        table = pa.Table.from_batches(pending).combine_chunks()
+        keys = [table.column(name).to_numpy() for name in TRAIL_ORDER]
+        _check_sorted(keys)
+        table = table.drop_columns(["file_no"])
+        table = table.append_column("trans_ind", pa.array(transaction_indicators(keys[:len(CSN_COLUMNS)]), pa.int8()))
+        table = table.append_column("rba", pa.array(np.arange(len(table), dtype=np.int64)))
+        return write_file(prefix, first_seqno + current, table.select(COLUMNS), group=group, log_bsn=log_bsn)
+
+    for batch in batches:
+        numbers = batch.column("file_no").to_numpy()
+        cuts = np.flatnonzero(numbers[1:] != numbers[:-1]) + 1
+        for start, stop in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(batch)]])):
+            number = int(numbers[start])
+            if current is not None and number != current:
+                yield finish()
+                if between_files is not None:
+                    between_files()
+                pending = []
+            current = number
+            pending.append(batch.slice(start, stop - start))
+    if pending:
+        yield finish()
+
+
 class TrailWriter:
     """Writes a commit-ordered stream of record batches into trail files from
     `start_seqno` on, rolling over between transactions once a file reaches `max_bytes`
@@ -126,21 +218,13 @@ class TrailWriter:
 
     def _check_order(self, batch: pa.RecordBatch) -> None:
         # Cheap insurance that the stream really is in commit order: the trail's whole
-        # contract rests on it. Vectorised: a lexicographic "each key >= the previous".
+        # contract rests on it.
         if not len(batch):
             return
         keys = [batch.column(name).to_numpy(zero_copy_only=False) for name in TRAIL_ORDER]
         if self._last_key is not None:
             keys = [np.concatenate([[previous], column]) for previous, column in zip(self._last_key, keys)]
-        ok = np.zeros(len(keys[0]) - 1, dtype=bool)
-        tied = np.ones(len(keys[0]) - 1, dtype=bool)
-        for column in keys:
-            ok |= tied & (column[1:] > column[:-1])
-            tied &= column[1:] == column[:-1]
-        ok |= tied
-        if not ok.all():
-            at = int(np.argmin(ok))
-            raise TrailboundError(f"internal error: trail records out of commit order at batch row {at}")
+        _check_sorted(keys)
         self._last_key = tuple(column[-1] for column in keys)
 
     def add(self, batch: pa.RecordBatch) -> None:

@@ -1,0 +1,108 @@
+"""The trail written from Spark tasks: the rollover plan, transaction indicators, files
+written in pieces by several writers, and the driver's check before the commit (issue 18
+item 3: a task that wrote where the driver cannot see fails the run)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from trailbound.capture import trailwrite
+from trailbound.errors import TrailboundError
+from trailbound.positions import Csn
+from trailbound.trail import format as trails
+
+
+def test_rollover_happens_after_the_transaction_that_reaches_the_size():
+    assert trails.plan_rollover(np.array([5, 5, 5, 20, 1, 1, 1]), 10).tolist() == [0, 0, 1, 1, 2, 2, 2]
+    assert trails.plan_rollover(np.array([30]), 10).tolist() == [0]
+    assert trails.plan_rollover(np.array([], dtype=np.int64), 10).tolist() == []
+
+
+def test_transaction_indicators_follow_the_csn_runs():
+    csn = np.array([7, 7, 7, 8, 9, 9])
+    assert trails.transaction_indicators([csn]).tolist() == [trails.BEGIN, trails.MIDDLE, trails.END, trails.WHOLE,
+                                                             trails.BEGIN, trails.END]
+
+
+def _records(transactions: list[tuple[int, int]], file_numbers: list[int]) -> pa.Table:
+    """Trail rows (all but rba, trans_ind) of (csn, records) transactions, with file_no."""
+    rows = []
+    for (csn, count), number in zip(transactions, file_numbers):
+        for k in range(count):
+            rows.append({"csn": csn, "csn_thread": 1, "csn_sequence": 1, "csn_rba": csn, "xid": f"x{csn}",
+                         "commit_ts": datetime(2026, 11, 1, tzinfo=timezone.utc), "op": "INSERT", "table": "s.t",
+                         "before": None, "after": '{"k": 1}', "src_thread": 1, "src_sequence": 1,
+                         "src_rba": csn * 10 + k, "src_scn": csn, "log_bsn": 5, "file_no": number})
+    fields = [f for f in trails.SCHEMA if f.name not in ("rba", "trans_ind")] + [pa.field("file_no", pa.int64())]
+    return pa.Table.from_pylist(rows, pa.schema(fields))
+
+
+def test_files_written_in_pieces_are_the_files_one_writer_writes(tmp_path):
+    table = _records([(10, 3), (11, 1), (12, 2)], [0, 0, 1])
+    # Two writers, each given its files' records in batches that cut through a transaction.
+    first = list(trails.write_planned_files(tmp_path / "a" / "lt", 4, table.slice(0, 4).to_batches(max_chunksize=2),
+                                            group="EXT1", log_bsn=5))
+    second = list(trails.write_planned_files(tmp_path / "a" / "lt", 4, table.slice(4).to_batches(max_chunksize=1),
+                                             group="EXT1", log_bsn=5))
+    whole = list(trails.write_planned_files(tmp_path / "b" / "lt", 4, table.to_batches(), group="EXT1", log_bsn=5))
+    assert [f.seqno for f in first + second] == [4, 5] == [f.seqno for f in whole]
+    assert [f.sha256 for f in first + second] == [f.sha256 for f in whole]
+    written = trails.read_file(whole[0].path)
+    assert written.column("rba").to_pylist() == [0, 1, 2, 3]
+    assert written.column("trans_ind").to_pylist() == [trails.BEGIN, trails.MIDDLE, trails.END, trails.WHOLE]
+    assert (whole[1].first_csn, whole[1].last_csn) == (Csn(12, 1, 1, 12), Csn(12, 1, 1, 12))
+
+
+def test_records_out_of_commit_order_are_refused(tmp_path):
+    table = _records([(11, 1), (10, 1)], [0, 0])
+    with pytest.raises(TrailboundError, match="out of commit order"):
+        list(trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=5))
+    assert not list(trails.existing_files(tmp_path / "lt"))
+
+
+@pytest.fixture
+def written(tmp_path):
+    """A file as a task reports it, and the plan it was written to."""
+    table = _records([(10, 2), (11, 1)], [0, 0])
+    info = next(trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=5))
+    row = {"file_no": 0, "path": str(info.path), "records": info.records, "bytes": info.bytes, "sha256": info.sha256,
+           "first_csn": str(info.first_csn), "last_csn": str(info.last_csn)}
+    plan = {0: {"records": 3, "first_csn": info.first_csn, "last_csn": info.last_csn}}
+    return info, row, plan
+
+
+def test_the_driver_accepts_what_the_tasks_wrote(written):
+    info, row, plan = written
+    assert trailwrite.verify([row], plan, 1, 5) == [info]
+
+
+def test_a_file_the_driver_cannot_see_fails_the_run(written, tmp_path):
+    info, row, plan = written
+    elsewhere = {**row, "path": str(tmp_path / "worker-local-disk" / info.path.name)}
+    with pytest.raises(TrailboundError, match="the driver cannot read it"):
+        trailwrite.verify([elsewhere], plan, 1, 5)
+
+
+def test_a_file_that_is_not_what_its_task_wrote_fails_the_run(written):
+    info, row, plan = written
+    info.path.write_bytes(info.path.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(TrailboundError, match="differs from the"):
+        trailwrite.verify([row], plan, 1, 5)
+
+
+def test_a_planned_file_no_task_reported_fails_the_run(written):
+    _, row, plan = written
+    plan[1] = dict(plan[0])
+    with pytest.raises(TrailboundError, match="seqno 2 was planned but no Spark task reported"):
+        trailwrite.verify([row], plan, 1, 5)
+
+
+def test_a_file_with_other_records_than_planned_fails_the_run(written):
+    _, row, plan = written
+    plan[0]["records"] = 4
+    with pytest.raises(TrailboundError, match="the plan has 4"):
+        trailwrite.verify([row], plan, 1, 5)
