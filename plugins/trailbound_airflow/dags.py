@@ -264,7 +264,9 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
                                               application_args=[group], conf=SPARK_CONF,
                                               name=f"trailbound-replicat-{group}")
 
-        @task(retries=0)
+        # The check runs after an idle (skipped) apply too: a target changed behind the
+        # replicat's back is found whether or not there was anything new to apply.
+        @task(retries=0, trigger_rule="none_failed")
         def check_replica() -> str:
             """Row counts and per-table checksums of the target against what the applied
             trail says should be there (or the source's truth file, once applied through);
