@@ -56,6 +56,19 @@ trailbound_airflow.dags.TrailboundSparkSubmitOperator = AlwaysSubmit
 '''
 
 
+# Earlier measurements, kept under every new report (the figures above replace only themselves).
+HISTORY = """
+## Earlier measurements
+
+2026-11-23 05:29 UTC, same machine shared with five test runs (load average 22.9-24.4):
+capture 215.2 s before / 124.3 s after, pump 211.0 / 184.2 s, replicat 422.1 / 203.8 s;
+an empty spark-submit took 33.8 s. Under that load `airflow dags test` itself (process
+start, DAG parsing, its in-process execution API, which the first task of a run waits
+for) took 85-128 s: the goal is a property of Airflow's start-up on an idle machine, and
+the check our operator runs (0.0-0.3 s above) is not where the time goes.
+"""
+
+
 def as_uri(dsn: str) -> str:
     parts = psycopg2.extensions.parse_dsn(dsn)
     return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
@@ -186,6 +199,9 @@ def main() -> int:
                      f"{max(0.0, submit - spark_start):.1f} s")
         lines.append(f"| {dag_id} | {variant} | **{wall:.1f} s** | {wall - submit - others:.1f} s | "
                      f"{task}: {submit_state}, {submit:.1f} s ({split}) | {others:.1f} s |")
+    slowest = max(wall for _, variant, wall, *_ in rows if variant == "after")
+    verdict = (f"**met**: the slowest idle run took {slowest:.1f} s" if slowest < 20
+               else f"**not met**: the slowest idle run took {slowest:.1f} s")
     report = f"""# Idle runs
 
 A scheduled run with nothing new to do, through `airflow dags test` (Airflow {_airflow_version()},
@@ -208,13 +224,13 @@ the job's own work is the task's time beyond it. "Airflow itself" is the wall ti
 the tasks' durations (interpreter and provider imports, DAG parsing, the test run's
 scheduling loop).
 
-Goal: each idle run under 20 s.
+Goal: each idle run (after) under 20 s: {verdict}.
 Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, {platform.platform()},
 Python {platform.python_version()}; PostgreSQL (fsync off), Airflow and Spark on the same
-machine, which was shared with other work: load average {load_before:.1f} before, {load_after:.1f} after.
+machine; load average (other work on the machine shows here) {load_before:.1f} before, {load_after:.1f} after.
 """
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
+    RESULTS.write_text(report + HISTORY)
     print(report)
     return 0
 
