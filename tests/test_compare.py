@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,6 @@ from trailbound.pump.run import run_pump
 from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
-VENV_BIN = Path(sys.executable).parent
 
 TABLES = [("public", "pgbench_accounts"), ("public", "pgbench_branches"), ("public", "pgbench_tellers"),
           ("public", "pgbench_history")]
@@ -180,7 +178,7 @@ def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_bac
 
 @pytest.mark.long_running(480)
 def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across_runs(
-        spark, store, tmp_path, source_dsn, target_dsn, monkeypatch):
+        spark, store, tmp_path, source_dsn, target_dsn, monkeypatch, request):
     """Airflow (`airflow dags test`): first the load DAG, triggered by hand in snapshot mode
     before the first pull, copies the source's rows into the target, its progress lines in
     the task log; the replicat takes over after the snapshot. Then the compare DAG,
@@ -205,16 +203,12 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
     airflow.env["AIRFLOW_CONN_SOURCE_PG"] = as_uri(source_dsn)  # the DAGs find the source through its connection
     assert (airflow.dags / "compare_pg_rep1.py").exists() and (airflow.dags / "load_pg_rep1.py").exists()
 
+    request.addfinalizer(airflow.close)
+
     def dags_test(dag_id: str, conf: dict | None = None) -> tuple[str, str]:
         from datetime import UTC, datetime
 
-        command = [str(VENV_BIN / "airflow"), "dags", "test", dag_id, datetime.now(UTC).replace(microsecond=0).isoformat()]
-        done = subprocess.run(command + (["--conf", json.dumps(conf)] if conf else []), env=airflow.env,
-                              capture_output=True, text=True, timeout=900)
-        output = done.stdout + done.stderr
-        finished = [line for line in output.splitlines() if "DagRun Finished" in line]
-        assert finished, output[-3000:]
-        return ("success" if "state=success" in finished[-1] else "failed"), output
+        return airflow.run_dag(dag_id, datetime.now(UTC).replace(microsecond=0), conf)
 
     tables = [("public", "items"), ("public", "other")]
     state, output = dags_test("load_pg_rep1", {"table": "public.*", "chunk_rows": 200, "mode": "snapshot"})

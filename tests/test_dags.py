@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg2.extensions
@@ -176,6 +176,7 @@ class AirflowWorld:
             "TRAILBOUND_TARGET_DSN": target_dsn, "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(metadata_dsn),
             "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}{os.pathsep}{config_path.parent}"})
         self.airflow("db", "migrate")
+        self._runner: subprocess.Popen | None = None
 
     def airflow(self, *args: str, timeout: int = 300) -> str:
         done = subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
@@ -192,14 +193,58 @@ class AirflowWorld:
 
     def dags_test(self, dag_id: str, hour: int, conf: dict | None = None) -> tuple[str, str]:
         """`airflow dags test` for the interval ending `hour` hours after T0."""
-        command = [str(VENV_BIN / "airflow"), "dags", "test", dag_id, (T0 + timedelta(hours=hour)).isoformat()]
-        if conf:
-            command += ["--conf", json.dumps(conf)]
-        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=600)
-        output = done.stdout + done.stderr
-        finished = [line for line in output.splitlines() if "DagRun Finished" in line]
+        return self.run_dag(dag_id, T0 + timedelta(hours=hour), conf)
+
+    def run_dag(self, dag_id: str, logical_date: datetime, conf: dict | None = None) -> tuple[str, str]:
+        """What `airflow dags test DAG DATE --conf` does (DAG.test), in this world's one
+        long-lived Airflow process: each run's DAG is parsed afresh from the folder, and the
+        interpreter start, Airflow's imports and its in-process execution API are paid once
+        per world, not once per run. Returns the run's state and its output."""
+        if self._runner is None:
+            self._runner = subprocess.Popen([sys.executable, "-u", "-c", DAG_RUNNER], env=self.env, text=True,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._runner.stdin.write(json.dumps([dag_id, logical_date.isoformat(), conf]) + "\n")
+        self._runner.stdin.flush()
+        lines = []
+        for line in self._runner.stdout:
+            if line.startswith(RUN_END):
+                state = json.loads(line[len(RUN_END):])
+                break
+            lines.append(line)
+        else:
+            raise AssertionError(f"the Airflow process ended: {''.join(lines)[-3000:]}")
+        output = "".join(lines)
+        finished = [line for line in lines if "DagRun Finished" in line]
         assert finished, output[-3000:]
-        return ("success" if "state=success" in finished[-1] else "failed"), output
+        assert state in ("success", "failed") and f"state={state}" in finished[-1], output[-3000:]
+        return state, output
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.stdin.close()
+            self._runner.wait(timeout=60)
+            self._runner = None
+
+
+RUN_END = "TRAILBOUND-TEST-RUN-END "
+# One Airflow process for a world's runs: reads [dag_id, logical date, conf] lines, runs
+# each as `airflow dags test` does (airflow/cli/commands/dag_command.py: dag_test), and
+# ends each run's output with a line naming its state.
+DAG_RUNNER = f"""
+import json, sys
+from datetime import datetime
+from airflow.utils.cli import get_bagged_dag
+
+for line in sys.stdin:
+    dag_id, logical_date, conf = json.loads(line)
+    try:
+        run = get_bagged_dag(None, dag_id).test(logical_date=datetime.fromisoformat(logical_date), run_conf=conf)
+        state = getattr(run.state, "value", str(run.state))
+    except BaseException as error:
+        state = "error: " + repr(error)
+    print(flush=True)
+    print({RUN_END!r} + json.dumps(state), flush=True)
+"""
 
 
 def replica_rows(target_dsn: str) -> list[tuple]:
@@ -209,9 +254,11 @@ def replica_rows(target_dsn: str) -> list[tuple]:
 
 
 @pytest.mark.long_running(300)
-def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path, store, target_dsn, monkeypatch):
+def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path, store, target_dsn, monkeypatch,
+                                                                       request):
     config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
     world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    request.addfinalizer(world.close)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
     assert cli.main(["--config", str(config_path), "target", "create"]) == 0
 
@@ -284,8 +331,11 @@ def free_port() -> int:
 
 
 def list_runs(world: AirflowWorld, dag_id: str) -> list[dict]:
-    output = world.airflow("dags", "list-runs", dag_id, "--output", "json")
-    return json.loads(output[output.index("[{"):output.rindex("}]") + 2]) if "[{" in output else []
+    """The DAG's runs (state, logical_date) from Airflow's database: what `airflow dags
+    list-runs` prints, read without starting an Airflow process every poll."""
+    with sqlite3.connect(world.home / "airflow.db", timeout=30) as airflow_db:
+        rows = airflow_db.execute("SELECT state, logical_date FROM dag_run WHERE dag_id = ?", (dag_id,)).fetchall()
+    return [{"state": state, "logical_date": str(logical_date).replace(" ", "T", 1)} for state, logical_date in rows]
 
 
 def trail_contents(directory: Path) -> list[tuple[str, list[dict]]]:
@@ -350,6 +400,7 @@ def test_a_backfill_over_three_intervals_gives_the_trail_of_three_scheduled_runs
         with backfill_store.transaction() as cur:
             before = capture_checkpoints.load(cur, "EXT1")
         state, output = world.dags_test("capture_ext1", 2)
+        world.close()
         assert state == "success", output[-3000:]
         with backfill_store.transaction() as cur:
             after = capture_checkpoints.load(cur, "EXT1")

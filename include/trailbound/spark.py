@@ -13,9 +13,13 @@ SESSION_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # staging files read by pyarrow
+}
+# Tuning for backlog-sized batches. Unlike the settings above these change no result, so
+# a deployment's spark-defaults.conf (or a --conf) wins over each of them.
+TUNING_DEFAULTS = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # staging files read by pyarrow
 }
 
 
@@ -32,6 +36,10 @@ def session(app_name: str = "trailbound", master: str | None = None):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    given = spark.sparkContext.getConf()  # spark-defaults.conf and --conf, as the JVM started
+    for key, value in TUNING_DEFAULTS.items():
+        if not given.contains(key):
+            spark.conf.set(key, value)
     return spark
 
 
