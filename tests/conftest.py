@@ -167,6 +167,16 @@ def store(metadata_dsn):
 
 
 @pytest.fixture(scope="session")
+def driver_jvm():
+    """A warm Spark JVM for the processes a test kills at a crash point (crash_kit)."""
+    from crash_kit import DriverJvm
+
+    jvm = DriverJvm()
+    yield jvm
+    jvm.close()
+
+
+@pytest.fixture(scope="session")
 def spark():
     from trailbound import spark as spark_session
 

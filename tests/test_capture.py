@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import psycopg2
 import pytest
@@ -187,16 +186,16 @@ def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
 @pytest.mark.long_running(40)
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_a_crash_at_any_point_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store, point,
-                                                                         uninterrupted_trail):
+                                                                         uninterrupted_trail, driver_jvm):
     from trailbound import config as configuration
 
     config_path = _crash_scenario(tmp_path)
     config = configuration.load(config_path)
     run(spark, store, config, at(m(100)))
     before = state(store)
-    env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn}
-    crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path),
-                              "extract", "run", "EXT1", "--until", at(m(200)).isoformat()],
+    env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **driver_jvm.env}
+    crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "extract", "run", "EXT1",
+                                            "--until", at(m(200)).isoformat()),
                              env=env, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     after = state(store)

@@ -43,6 +43,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
+from crash_kit import DriverJvm
 from replicat_kit import checkpoint_row, differences
 from trailbound import cli
 from trailbound import config as configuration
@@ -70,46 +71,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.pg]
 # The seeds run with `make reliability` (marker matrix): even one seed (about 10 minutes of
 # kills and reruns) would take `make test` past its 20-minute budget on two CPUs.
 SEEDS = tuple(pytest.param(seed, marks=pytest.mark.matrix) for seed in (11, 23, 37))
-# What a killed capture or replicat process runs: connect to the seed's Spark JVM, stop
-# whatever Spark context a killed predecessor left running in it, then the command line.
-_CRASH_DRIVER = """
-import sys
-from pyspark import SparkContext
-from pyspark.java_gateway import launch_gateway
-
-gateway = launch_gateway()  # PYSPARK_GATEWAY_PORT: the running JVM, as under spark-submit
-sessions = gateway.jvm.org.apache.spark.sql.SparkSession
-left = sessions.getDefaultSession()
-if left.isDefined():
-    left.get().sparkContext().stop()
-sessions.clearDefaultSession()
-sessions.clearActiveSession()
-SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
-from trailbound.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-class DriverJvm:
-    """One Spark JVM (a py4j gateway, as pyspark starts it) that the killed processes of a
-    seed drive one after another, instead of starting one each."""
-
-    def __init__(self):
-        from pyspark.java_gateway import launch_gateway
-
-        self.gateway = launch_gateway()
-        self.env = {"PYSPARK_GATEWAY_PORT": str(self.gateway.gateway_parameters.port),
-                    "PYSPARK_GATEWAY_SECRET": self.gateway.gateway_parameters.auth_token,
-                    "SPARK_MASTER": "local[2]"}
-
-    def close(self) -> None:
-        left = self.gateway.jvm.org.apache.spark.sql.SparkSession.getDefaultSession()
-        if left.isDefined():
-            left.get().sparkContext().stop()
-        process = self.gateway.proc
-        self.gateway.shutdown()
-        process.stdin.close()  # the gateway JVM exits when its stdin closes
-        process.wait(timeout=120)
 START = datetime(2026, 11, 1, tzinfo=timezone.utc)
 HOURS = 6
 # Round r reads the log archived by UNTIL[r] hours (None: all of it). At 2.5 h two of the
@@ -326,7 +287,7 @@ def _crash(home: Home, stage: str, point: str, until, jvm: DriverJvm) -> list[st
     br_before = _br_files(home)
     env = {**os.environ, **home.env(), CRASH_ENV: point}
     if stage in ("extract", "replicat"):  # the Spark stages: on the seed's JVM
-        command = [sys.executable, "-c", _CRASH_DRIVER, *home.argv(stage, until)]
+        command = jvm.cli(*home.argv(stage, until))
         env.update(jvm.env)
     else:
         command = [sys.executable, "-m", "trailbound.cli", *home.argv(stage, until)]

@@ -330,6 +330,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def list_runs(world: AirflowWorld, dag_id: str) -> list[dict]:
     """The DAG's runs (state, logical_date) from Airflow's database: what `airflow dags
     list-runs` prints, read without starting an Airflow process every poll."""
@@ -370,11 +375,23 @@ def test_a_backfill_over_three_intervals_gives_the_trail_of_three_scheduled_runs
     world.airflow("backfill", "create", "--dag-id", "capture_ext1", "--from-date", T0.isoformat(),
                   "--to-date", (T0 + timedelta(hours=2)).isoformat(), "--max-active-runs", "1",
                   "--reprocess-behavior", "failed")
-    servers = [subprocess.Popen([str(VENV_BIN / "airflow"), command], env=world.env, stdout=log, stderr=log,
-                                start_new_session=True)
-               for command, log in (("api-server", open(backfilled / "api-server.log", "w")),
-                                    ("scheduler", open(backfilled / "scheduler.log", "w")))]
+    servers = []
+
+    def start(command: str) -> None:
+        log = open(backfilled / f"{command}.log", "w")
+        servers.append(subprocess.Popen([str(VENV_BIN / "airflow"), command], env=world.env, stdout=log, stderr=log,
+                                        start_new_session=True))
+
     try:
+        # The scheduler starts once the API server answers: a task it launched before
+        # would fail to reach the execution API and wait out its retry delay.
+        start("api-server")
+        deadline = time.monotonic() + 180
+        while not port_open(api_port):
+            assert time.monotonic() < deadline and servers[0].poll() is None, \
+                (backfilled / "api-server.log").read_text()[-3000:]
+            time.sleep(0.5)
+        start("scheduler")
         deadline = time.monotonic() + 600
         while True:
             runs = list_runs(world, "capture_ext1")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -456,14 +455,14 @@ def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_ds
 
 @pytest.mark.long_running(45)
 @pytest.mark.parametrize("point", ["after_target_commit", "mid_copy", "between_groups"])
-def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark, point):
+def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark, point, driver_jvm):
     config_path = write_config(tmp_path, home=captured.directory, grouptransops=300, megabytes=0.1)
     config = configuration.load(config_path)
     _create_target(config, target_dsn)
     env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": metadata_copy,
-           "TRAILBOUND_TARGET_DSN": target_dsn}
-    crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "replicat", "run",
-                              "REP1"], env=env, capture_output=True, text=True, timeout=300)
+           "TRAILBOUND_TARGET_DSN": target_dsn, **driver_jvm.env}
+    crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+                             env=env, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 137, crashed.stderr[-3000:]
     row, file_checkpoint = checkpoint_row(target_dsn), _file_checkpoint(metadata_copy)
     if point == "mid_copy":

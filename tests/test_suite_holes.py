@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import psycopg2
 import pytest
@@ -90,17 +89,17 @@ def test_a_second_replicat_run_and_alter_are_refused_while_a_run_holds_the_group
 
 # ---------------------------------------------------------------- crashes before the target commit
 
-def _crash(config_path, store, target_dsn, point: str) -> subprocess.CompletedProcess:
+def _crash(config_path, store, target_dsn, point: str, jvm) -> subprocess.CompletedProcess:
     env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn,
-           "TRAILBOUND_TARGET_DSN": target_dsn}
-    return subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "replicat", "run",
-                           "REP1"], env=env, capture_output=True, text=True, timeout=300)
+           "TRAILBOUND_TARGET_DSN": target_dsn, **jvm.env}
+    return subprocess.run(jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.long_running(30)
 @pytest.mark.parametrize("replay", [False, True], ids=["grouped", "one_by_one_replay"])
 def test_a_crash_before_the_target_commit_leaves_nothing_then_the_rerun_converges(tmp_path, spark, store, target_dsn,
-                                                                                 replay):
+                                                                                 replay, driver_jvm):
     config_path, config = _captured(tmp_path, spark, store, target_dsn, FOUR, handlecollisions=replay)
     before = {}
     if replay:
@@ -110,7 +109,7 @@ def test_a_crash_before_the_target_commit_leaves_nothing_then_the_rerun_converge
         with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
             cur.execute("INSERT INTO shop.orders VALUES (3, 'already here')")
         before = {3: "already here"}
-    crashed = _crash(config_path, store, target_dsn, "before_target_commit")
+    crashed = _crash(config_path, store, target_dsn, "before_target_commit", driver_jvm)
     assert crashed.returncode == 137, crashed.stderr[-3000:]
     assert ("one by one" in crashed.stderr or "transaction by transaction" in crashed.stderr) == replay
     assert checkpoint_row(target_dsn) is None, "nothing of the group (or of its first transaction) committed"

@@ -61,6 +61,7 @@ class Assembly:
     subtransactions: DataFrame  # one row per subtransaction: thread, xid, rolled_back_at, last (worth caching)
     broken: DataFrame         # non-empty when some record comes after its transaction's end
     violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
+    cached: list[DataFrame]   # what assemble cached: the caller unpersists it after the run
 
 
 def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tables: list[str],
@@ -70,17 +71,30 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
 
     top_level_end = F.col("op").isin(*contract.END_OPS) & F.col("parent_xid").isNull()
     size = F.coalesce(F.length("before"), F.lit(0)) + F.coalesce(F.length("after"), F.lit(0))
-    # One aggregation gives each transaction its start, its end (first top-level COMMIT
-    # or ROLLBACK) and its last record, which must not come after the end.
-    txns = (r.groupBy("thread", "txid")
-            .agg(F.min(F.struct("sequence", "rba", "scn", "ts")).alias("start"),
-                 F.max(position).alias("last"),
-                 F.min(F.when(top_level_end, F.struct("sequence", "rba", "scn", "ts", "op"))).alias("end"),
-                 F.count(F.lit(1)).alias("records"), F.sum(size).alias("bytes")))
-    subs = (r.where(F.col("parent_xid").isNotNull())
-            .groupBy("thread", "xid")
-            .agg(F.min(F.when(F.col("op") == "ROLLBACK", position)).alias("rolled_back_at"),
-                 F.max(position).alias("last")))
+    captured = F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(java_regex(tables))
+    # A trail record's size (trail.format.FIXED_ROW_BYTES plus its strings' bytes): what
+    # rollover counts. The xid column holds the top-level transaction id.
+    row_bytes = F.lit(FIXED_ROW_BYTES) + sum(F.coalesce(F.octet_length(c), F.lit(0))
+                                              for c in ("txid", "op", "table", "before", "after"))
+    # The one pass over every record: per (sub)transaction id, its start, its end (first
+    # top-level COMMIT or ROLLBACK), its last record (which must not come after the end),
+    # its first ROLLBACK (a subtransaction's savepoint rollback) and the size of what it
+    # would put in the trail. Everything per transaction is rolled up from these rows,
+    # one per xid: a few per transaction, not one per record.
+    per_xid = (r.groupBy("thread", "txid", "xid")
+               .agg(F.min(F.struct("sequence", "rba", "scn", "ts")).alias("start"),
+                    F.max(position).alias("last"),
+                    F.min(F.when(top_level_end, F.struct("sequence", "rba", "scn", "ts", "op"))).alias("end"),
+                    F.count(F.lit(1)).alias("records"), F.sum(size).alias("bytes"),
+                    F.min(F.when(F.col("op") == "ROLLBACK", position)).alias("rolled_back_at"),
+                    F.sum(F.when(captured, 1).otherwise(0)).alias("kept_records"),
+                    F.sum(F.when(captured, row_bytes).otherwise(0)).alias("kept_bytes"))
+               .cache())
+    is_sub = F.col("xid") != F.col("txid")  # a record with a parent_xid (one naming itself is refused earlier)
+    txns = (per_xid.groupBy("thread", "txid")
+            .agg(F.min("start").alias("start"), F.max("last").alias("last"), F.min("end").alias("end"),
+                 F.sum("records").alias("records"), F.sum("bytes").alias("bytes")))
+    subs = per_xid.where(is_sub).select("thread", "xid", "rolled_back_at", "last")
     skips = spark.createDataFrame(decisions.skips, _SKIPS)
     txns = txns.join(F.broadcast(skips), ["thread", "txid"], "left")
     # FORCETRANS: an open transaction is committed now, at CSN horizon@0:0:k, after every
@@ -121,7 +135,7 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
     # of its own that never ends (an open transaction pinning recovery and retention).
     sub_xids = subs.select("thread", F.col("xid").alias("txid"))
     nested = r.where(F.col("parent_xid").isNotNull()).join(sub_xids, ["thread", "txid"], "left_semi")
-
+    nested_txids = per_xid.where(is_sub).join(sub_xids, ["thread", "txid"], "left_semi")
     def violations() -> DataFrame:
         """The offending records themselves; only computed when a check above fails."""
         after_end = (r.join(broken_txns, ["thread", "txid"])
@@ -144,13 +158,10 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("thread")).cast("int").alias("csn_thread"),
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("end.sequence")).alias("csn_sequence"),
         F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
-    kept = (r.where(F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(java_regex(tables)))
-            .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti"))
-    # A trail record's size (trail.format.FIXED_ROW_BYTES plus its strings' bytes): what
-    # rollover counts. The xid column holds the top-level transaction id.
-    row_bytes = F.lit(FIXED_ROW_BYTES) + sum(F.coalesce(F.octet_length(c), F.lit(0))
-                                              for c in ("txid", "op", "table", "before", "after"))
-    sizes = kept.groupBy("thread", "txid").agg(F.count(F.lit(1)).alias("records"), F.sum(row_bytes).alias("bytes"))
+    kept = r.where(captured).join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti")
+    sizes = (per_xid.join(F.broadcast(sub_rollbacks), ["thread", "xid"], "left_anti")
+             .groupBy("thread", "txid").agg(F.sum("kept_records").alias("records"), F.sum("kept_bytes").alias("bytes"))
+             .where(F.col("records") > 0))
 
     def trail(planned: DataFrame) -> DataFrame:
         trail_columns = ("csn", "csn_thread", "csn_sequence", "csn_rba", "xid", "commit_ts", "op", "table",
@@ -164,4 +175,4 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
 
     return Assembly(written=written.join(sizes, ["thread", "txid"]), trail=trail, transactions=txns, subtransactions=subs,
                     broken=broken_txns.select("thread").unionByName(broken_subs.select("thread"))
-                    .unionByName(nested.select("thread")), violations=violations)
+                    .unionByName(nested_txids.select("thread")), violations=violations, cached=[per_xid])

@@ -336,6 +336,8 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
                                    {t.persisted.file for t in state.open if t.persisted})
     txns.unpersist()
     subs.unpersist()
+    for frame in assembly.cached:
+        frame.unpersist()
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
                      len(state.open), timings=watch.phases, recovery=plan.describe, restart=restart.describe(),
                      br_checkpoint=br_checkpoint is not None)
