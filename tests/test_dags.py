@@ -466,6 +466,7 @@ def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_do
 
     # The current interval ends after those commits (a whole second later: the logical date has no fraction).
     now = (datetime.now(UTC) + timedelta(seconds=1)).replace(microsecond=0)
+    # This test runs the `airflow dags test` command line itself (the others use run_dag).
     done = subprocess.run([str(VENV_BIN / "airflow"), "dags", "test", "capture_ext1", now.isoformat()],
                           env=world.env, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
@@ -490,19 +491,6 @@ def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_do
     assert sorted(path.name for path in (tmp_path / "archive").glob("arch_*")) == segments
 
 
-CONTROL_RUNS = """
-import json, sys
-from datetime import datetime, timedelta
-from airflow.utils.cli import get_bagged_dag
-
-dag = get_bagged_dag(None, "control")
-start = datetime.fromisoformat(sys.argv[1])
-for index, conf in enumerate(json.loads(sys.argv[2])):
-    run = dag.test(logical_date=start + timedelta(minutes=index), run_conf=conf)
-    print("CONTROL-RUN " + json.dumps([run.run_id, getattr(run.state, "value", str(run.state))]), flush=True)
-"""
-
-
 @pytest.mark.long_running(240)
 def test_every_operator_action_runs_through_the_control_dag(tmp_path, spark, store, target_dsn):
     """One Airflow process runs the control DAG once per command (what `airflow dags
@@ -523,11 +511,13 @@ def test_every_operator_action_runs_through_the_control_dag(tmp_path, spark, sto
                 ("alter_replicat", "REP1", "aftercsn 7220"), ("purge_trails", "EXT1", ""),
                 ("alter_extract_begin", "EXT1", "scn 7200"), ("forcetrans", "REP1", "X")]
     confs = [{"command": c, "group": g, "argument": a} for c, g, a in commands]
-    done = subprocess.run([sys.executable, "-c", CONTROL_RUNS, (T0 + timedelta(hours=5)).isoformat(), json.dumps(confs)],
-                          env=world.env, capture_output=True, text=True, timeout=900)
-    output = done.stdout + done.stderr
-    runs = [json.loads(line.split("CONTROL-RUN ", 1)[1]) for line in done.stdout.splitlines()
-            if line.startswith("CONTROL-RUN ")]
+    runs, output = [], ""
+    for index, conf in enumerate(confs):  # one Airflow process runs them all (AirflowWorld.run_dag)
+        state, run_output = world.run_dag("control", T0 + timedelta(hours=5, minutes=index), conf)
+        finished = next(line for line in reversed(run_output.splitlines()) if "DagRun Finished" in line)
+        runs.append((finished.split("run_id=", 1)[1].split(",", 1)[0], state))
+        output += run_output
+    world.close()
     assert [state for _, state in runs] == ["success"] * (len(commands) - 1) + ["failed"], output[-4000:]
     with sqlite3.connect(world.home / "airflow.db") as airflow_db:
         returned = dict(airflow_db.execute("SELECT run_id, value FROM xcom WHERE dag_id = 'control' "

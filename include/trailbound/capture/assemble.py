@@ -136,6 +136,7 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
     sub_xids = subs.select("thread", F.col("xid").alias("txid"))
     nested = r.where(F.col("parent_xid").isNotNull()).join(sub_xids, ["thread", "txid"], "left_semi")
     nested_txids = per_xid.where(is_sub).join(sub_xids, ["thread", "txid"], "left_semi")
+
     def violations() -> DataFrame:
         """The offending records themselves; only computed when a check above fails."""
         after_end = (r.join(broken_txns, ["thread", "txid"])
