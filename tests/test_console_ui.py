@@ -241,3 +241,4 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
     finally:
         driver.quit()
         airflow.stop()
+        world.close()

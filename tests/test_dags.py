@@ -198,11 +198,12 @@ class AirflowWorld:
         shutil.copyfile(migrated_airflow_db(), self.home / "airflow.db")
         self._runner: subprocess.Popen | None = None
 
-    def airflow(self, *args: str, timeout: int = 300) -> str:
-        done = subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
-        assert done.returncode == 0, f"airflow {' '.join(args)}: {(done.stdout + done.stderr)[-3000:]}"
-        return done.stdout + done.stderr
+    def airflow(self, *args: str) -> str:
+        """An `airflow` command (`airflow dags reserialize`, `airflow backfill create ...`),
+        run in this world's one Airflow process by Airflow's own command-line parser."""
+        state, output = self._ask(["cli", list(args)])
+        assert state == "success", f"airflow {' '.join(args)}: {state}\n{output[-3000:]}"
+        return output
 
     def asset_events(self, uri: str) -> list[dict]:
         """The extras of the Asset's events, oldest first, from Airflow's database."""
@@ -220,24 +221,26 @@ class AirflowWorld:
         long-lived Airflow process: each run's DAG is parsed afresh from the folder, and the
         interpreter start, Airflow's imports and its in-process execution API are paid once
         per world, not once per run. Returns the run's state and its output."""
-        if self._runner is None:
-            self._runner = subprocess.Popen([sys.executable, "-u", "-c", DAG_RUNNER], env=self.env, text=True,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self._runner.stdin.write(json.dumps([dag_id, logical_date.isoformat(), conf]) + "\n")
-        self._runner.stdin.flush()
-        lines = []
-        for line in self._runner.stdout:
-            if line.startswith(RUN_END):
-                state = json.loads(line[len(RUN_END):])
-                break
-            lines.append(line)
-        else:
-            raise AssertionError(f"the Airflow process ended: {''.join(lines)[-3000:]}")
-        output = "".join(lines)
+        state, output = self._ask(["test", dag_id, logical_date.isoformat(), conf])
+        lines = output.splitlines()
         finished = [line for line in lines if "DagRun Finished" in line]
         assert finished, output[-3000:]
         assert state in ("success", "failed") and f"state={state}" in finished[-1], output[-3000:]
         return state, output
+
+    def _ask(self, request: list) -> tuple[str, str]:
+        """Hands the world's Airflow process one request; its state and output."""
+        if self._runner is None:
+            self._runner = subprocess.Popen([sys.executable, "-u", "-c", AIRFLOW_RUNNER], env=self.env, text=True,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._runner.stdin.write(json.dumps(request) + "\n")
+        self._runner.stdin.flush()
+        lines = []
+        for line in self._runner.stdout:
+            if line.startswith(RUN_END):
+                return json.loads(line[len(RUN_END):]), "".join(lines)
+            lines.append(line)
+        raise AssertionError(f"the Airflow process ended: {''.join(lines)[-3000:]}")
 
     def close(self) -> None:
         if self._runner is not None:
@@ -247,25 +250,35 @@ class AirflowWorld:
 
 
 RUN_END = "TRAILBOUND-TEST-RUN-END "
-# One Airflow process for a world's runs: reads [dag_id, logical date, conf] lines, runs
-# each as `airflow dags test` does (airflow/cli/commands/dag_command.py: dag_test), and
-# ends each run's output with a line naming its state.
-DAG_RUNNER = f"""
+# One Airflow process per world: reads requests, one JSON line each, and ends each one's
+# output with a line naming its state. ["test", dag_id, logical date, conf] runs the DAG
+# as `airflow dags test` does (airflow/cli/commands/dag_command.py: dag_test); ["cli",
+# args] runs `airflow *args` as airflow/__main__.py does. The world's environment (set
+# before its first request) is the process's.
+AIRFLOW_RUNNER = f"""
 import json, sys
 from datetime import datetime
+from airflow.cli import cli_parser
+from airflow.configuration import write_default_airflow_configuration_if_needed
 from airflow.utils.cli import get_bagged_dag
 
 for line in sys.stdin:
-    dag_id, logical_date, conf = json.loads(line)
+    kind, *request = json.loads(line)
     try:
-        run = get_bagged_dag(None, dag_id).test(logical_date=datetime.fromisoformat(logical_date), run_conf=conf)
-        state = getattr(run.state, "value", str(run.state))
+        if kind == "test":
+            dag_id, logical_date, conf = request
+            run = get_bagged_dag(None, dag_id).test(logical_date=datetime.fromisoformat(logical_date), run_conf=conf)
+            state = getattr(run.state, "value", str(run.state))
+        else:
+            write_default_airflow_configuration_if_needed()
+            args = cli_parser.get_parser().parse_args(request[0])
+            args.func(args)
+            state = "success"
     except BaseException as error:
         state = "error: " + repr(error)
     print(flush=True)
     print({RUN_END!r} + json.dumps(state), flush=True)
 """
-
 
 def replica_rows(target_dsn: str) -> list[tuple]:
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
