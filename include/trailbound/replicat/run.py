@@ -3,8 +3,11 @@
 1. Hold the group (advisory locks on the metadata store and the target).
 2. Start from the checkpoint table's row when there is one (it wins: it commits with the
    data), else from the file checkpoint; repair the file checkpoint from it.
-3. Read the committed trail files (trailbound.trail_file) from there in chunks, verifying
-   each file. In each chunk, skip transactions at or below log_csn, group whole source
+3. Read the committed trail files (trailbound.trail_file) from there, verifying each
+   whole file before any of its records is used, and cut them into chunks: rba ranges
+   ending at a transaction's end, the first GROUPTRANSOPS records, each next one twice
+   the last, up to CHUNK_RECORDS (chunks.cut). Applying starts once the first small chunk
+   is prepared. In each chunk, skip transactions at or below log_csn, group whole source
    transactions into target transactions (GROUPTRANSOPS operations at least; a
    transaction with a TRUNCATE starts a new group), and split groups into units at each
    TRUNCATE.
