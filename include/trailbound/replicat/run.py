@@ -351,11 +351,17 @@ class _Run:
                     crashpoint("before_target_commit")
                 self.connection.commit()
             except (psycopg2.Error, TrailboundError) as exc:
+                lost = self.connection.closed  # the target went away: not this record's fault
                 self._rollback_quietly()
                 if record is None:
                     raise
                 self.flush()  # what did commit is recorded before the run stops
-                message = (exc.pgerror or str(exc)).strip() if isinstance(exc, psycopg2.Error) else str(exc)
+                message = (exc.pgerror or str(exc)) if isinstance(exc, psycopg2.Error) else str(exc)
+                message = " ".join(message.split())  # libpq's messages span lines; the CLI prints one
+                if lost:
+                    raise TrailboundError(f"target error replaying the transaction from "
+                                          f"{chunk.path_of(record['seqno'])} rba {record['rba']} (CSN "
+                                          f"{Csn.from_row(record)}): {message}") from None
                 raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
                                  record["op"], record["table"], record_key(self.plans.get(record["table"]), record),
                                  message) from None
