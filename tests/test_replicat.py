@@ -33,7 +33,7 @@ from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
 from trailbound.replicat.netchange import Shape, copy_lines, format_line, net_changes, net_rows
-from trailbound.replicat.chunks import TrailFile, plan_chunk
+from trailbound.replicat.chunks import TrailFile, cut, plan_chunk
 from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -74,6 +74,34 @@ def test_groups_hold_whole_transactions_and_a_truncate_starts_a_new_one():
     assert chunk.groups[1].operations == 5 and chunk.end == TrailPosition(7, 13)
     with pytest.raises(trail.TrailError, match="not the start of a transaction"):
         plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], 1, None, grouptransops=4)
+
+
+def test_a_file_is_cut_into_chunks_at_transaction_ends():
+    """Chunks are consecutive rba ranges of the files, from the start position to the end,
+    each ending at the first transaction end at which it holds its size (the first's,
+    then twice the last's up to the most), or at a file's end; each file is read once."""
+    ins_ = ("INSERT", "shop.orders")
+    first_file = _trail_table([[ins_] * 3, [ins_], [ins_] * 4, [ins_] * 2, [ins_], [ins_] * 5, [ins_] * 2])
+    second_file = _trail_table([[ins_] * 2, [ins_] * 3])
+    files = [TrailFile(7, "lt000000007", len(first_file), ""), TrailFile(8, "lt000000008", len(second_file), "")]
+    read = []
+
+    def reader(file):
+        read.append(file.seqno)
+        return {7: first_file, 8: second_file}[file.seqno]
+
+    chunks = [[(f.seqno, t.column("rba").to_pylist()) for f, t in zip(fs, ts)]
+              for fs, ts in cut(files, reader, 3, first=2, most=5)]
+    # From rba 3 (T2): T2 holds 1 record < 2, with T3 5 >= 2: [3..7]. Then 4: T4 and T5
+    # hold 3 < 4, with T6 8: [8..15]. Then 5 (the most): T7 ends file 7 at 2 records, so
+    # the chunk goes on into file 8 (a file's end ends a chunk only once it is full).
+    assert chunks == [[(7, [3, 4, 5, 6, 7])], [(7, [8, 9, 10, 11, 12, 13, 14, 15])],
+                      [(7, [16, 17]), (8, [0, 1, 2, 3, 4])]]
+    assert read == [7, 8]
+    planned = [plan_chunk(fs, ts, 0, None, grouptransops=100) for fs, ts in cut(files, reader, 3, first=2, most=5)]
+    # A chunk's end is the position after its last transaction: the next one starts there.
+    assert [c.end for c in planned] == [TrailPosition(7, 8), TrailPosition(7, 16), TrailPosition(8, 5)]
+    assert [c.groups[-1].end for c in planned] == [c.end for c in planned]
 
 
 def test_replicat_options_are_validated_and_named(tmp_path):
@@ -482,6 +510,51 @@ def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp
     end, last_csn = _trail_end(metadata_copy)
     assert _file_checkpoint(metadata_copy).position == end
     assert checkpoint_row(target_dsn)["log_csn"] == str(last_csn)
+
+
+@pytest.mark.long_running(45)
+def test_a_file_split_into_chunks_applies_once_across_a_crash_between_them(captured, metadata_copy, target_dsn,
+                                                                            tmp_path, spark, driver_jvm):
+    """A trail file larger than GROUPTRANSOPS is applied in several chunks (rba ranges of
+    the file, each ending at a transaction's end). The first chunk is one group here, so a
+    kill after that group (between_groups) falls between two chunks of one file: the rerun
+    starts inside the file, at the checkpoint table's rba, and applies the rest exactly
+    once."""
+    grouptransops = 40
+    config_path = write_config(tmp_path, home=captured.directory, grouptransops=grouptransops, megabytes=0.1)
+    config = configuration.load(config_path)
+    _create_target(config, target_dsn)
+    with MetadataStore.open(metadata_copy) as store, store.transaction() as cur:
+        cur.execute("SELECT seqno, path, records, sha256 FROM trailbound.trail_file ORDER BY seqno LIMIT 1")
+        first_file = TrailFile(**cur.fetchone())
+    records = trail.read_file(first_file.path)
+    pieces = cut([first_file], lambda f: records, 0, first=grouptransops, most=10 * grouptransops)
+    first_chunk = plan_chunk(*next(pieces), 0, None, grouptransops)
+    assert next(pieces, None) is not None, "the first trail file must be split (make it larger)"
+    assert len(first_chunk.groups) == 1 and first_chunk.end.seqno == first_file.seqno
+    assert 0 < first_chunk.end.rba < first_file.records
+
+    env = {**os.environ, CRASH_ENV: "between_groups", "TRAILBOUND_METADATA_DSN": metadata_copy,
+           "TRAILBOUND_TARGET_DSN": target_dsn, **driver_jvm.env}
+    crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr[-3000:]
+    # The first chunk is committed with its checkpoint row, nothing of the second is.
+    row = checkpoint_row(target_dsn)
+    assert TrailPosition(row["seqno"], row["rba"]) == first_chunk.end
+    last = first_chunk.records.slice(len(first_chunk.records) - 1).to_pylist()[0]
+    assert last["trans_ind"] in (trail.END, trail.WHOLE) and last["rba"] + 1 == row["rba"]
+    # The file checkpoint follows lazily (a group replayed transaction by transaction saves
+    # it after its first transaction, then at most every FILE_CHECKPOINT_SECONDS).
+    assert TrailPosition(0, 0) < _file_checkpoint(metadata_copy).position <= first_chunk.end
+
+    with MetadataStore.open(metadata_copy) as store:
+        result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.started_from, result.start) == ("checkpoint table", first_chunk.end)
+    assert differences(target_dsn, captured.truth) == {}
+    end, last_csn = _trail_end(metadata_copy)
+    assert _file_checkpoint(metadata_copy).position == end
+    assert (checkpoint_row(target_dsn)["seqno"], checkpoint_row(target_dsn)["rba"]) == (end.seqno, end.rba)
 
 
 def test_a_run_with_nothing_to_do_is_known_without_spark(captured, metadata_copy, target_dsn, tmp_path, spark):

@@ -1,13 +1,16 @@
 """Chunk planning for a replicat run: everything about a run of trail records that needs no Spark.
 
-A chunk is consecutive committed trail files read together. Planning finds its
-transactions, skips those at or below the checkpoint's log_csn, groups the rest into
-target transactions (GROUPTRANSOPS) and splits groups into units at each TRUNCATE, and
-works out each group's checkpoint values (end position, log CSN, xids, audit time).
+A chunk is a run of consecutive records of the committed trail files (rba ranges: a
+file may be split over several chunks, and a chunk may span several files) that ends at
+a transaction's end (`cut`). Planning finds its transactions, skips those at or below the
+checkpoint's log_csn, groups the rest into target transactions (GROUPTRANSOPS) and splits
+groups into units at each TRUNCATE, and works out each group's checkpoint values (end
+position, log CSN, xids, audit time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -17,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
-from trailbound.load.windows import high_watermarks
+from trailbound.load.windows import WATERMARK, high_watermarks
 from trailbound.positions import CSN_COLUMNS, Csn, TrailPosition, csn_at_or_below
 from trailbound.trail import format as trails
 
@@ -69,10 +72,53 @@ class Chunk:
         return next(f.path for f in self.files if f.seqno == seqno)
 
 
+def _transaction_starts(table: pa.Table) -> np.ndarray:
+    ind = table.column("trans_ind").to_numpy()
+    return np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
+
+
+def cut(files: list[TrailFile], read: Callable[[TrailFile], pa.Table], start_rba: int, first: int,
+        most: int) -> Iterator[tuple[list[TrailFile], list[pa.Table]]]:
+    """The records of `files` from `start_rba` of the first on, as chunks: (files, their
+    records' slices), consecutive, each ending at the first transaction end at which it
+    holds at least its size (or at a file's end: transactions never cross files). The
+    first chunk's size is `first` records, each next one's twice the last, up to `most`:
+    applying starts once the small first chunk is prepared, and each next chunk is
+    prepared while the one before is applied, and is large enough to amortise a chunk's
+    fixed costs. A file is read (`read`) only when the chunk that starts in it is wanted."""
+    size, chunk_files, chunk_tables, count = first, [], [], 0
+    for index, file in enumerate(files):
+        table = read(file)
+        if index == 0 and start_rba:
+            table = table.slice(start_rba)
+        starts = _transaction_starts(table)
+        while True:
+            # Cut before the first transaction that starts once the chunk is full
+            # (count < size here: a full chunk has been handed out).
+            at = int(np.searchsorted(starts, size - count))
+            if at == len(starts):  # the rest of the file belongs to this chunk
+                chunk_files.append(file)
+                chunk_tables.append(table)
+                count += len(table)
+                break
+            stop = int(starts[at])
+            chunk_files.append(file)
+            chunk_tables.append(table.slice(0, stop))
+            yield chunk_files, chunk_tables
+            size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0
+            table, starts = table.slice(stop), starts[at:] - stop
+        if count >= size:
+            yield chunk_files, chunk_tables
+            size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0
+    if chunk_files:
+        yield chunk_files, chunk_tables
+
+
 def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, log_csn: Csn | None,
                grouptransops: int) -> Chunk:
     """Everything about a chunk that needs no Spark: transactions, what is skipped,
-    groups, units and each group's checkpoint values."""
+    groups, units and each group's checkpoint values. `tables` are the files' records
+    (from `start_rba` in the first), or slices of them (see `cut`)."""
     parts = []
     for index, (file, table) in enumerate(zip(files, tables)):
         if index == 0 and start_rba:
@@ -84,7 +130,8 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
     starts = np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
     if n and (not len(starts) or starts[0] != 0):
         raise TrailError(files[0].path, "not the start of a transaction: replicat positions at transaction "
-                                               "boundaries (alter replicat ... extrba)", rba=start_rba)
+                                               "boundaries (alter replicat ... extrba)",
+                         rba=int(records.column("rba")[0].as_py()))
     stops = np.append(starts[1:], n)
     unfinished = np.flatnonzero(~np.isin(ind[stops - 1], (trails.END, trails.WHOLE)))
     if len(unfinished):
@@ -99,7 +146,11 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
     truncating = np.asarray(pc.equal(records.column("op"), "TRUNCATE").to_numpy(zero_copy_only=False), dtype=bool)
     has_truncate = (np.add.reduceat(truncating.astype(np.int64), starts) > 0).tolist() if n else []
     # A load window's high watermark ends its group: the chunk's rows go in right after it.
-    ends_group = (np.add.reduceat(high_watermarks(records).astype(np.int64), starts) > 0).tolist() if n else []
+    # (Searching every image for a high mark costs a tenth of a second per 300,000 records:
+    # only when the chunk holds watermark records at all.)
+    marks = high_watermarks(records) if n and pc.any(pc.equal(records.column("table"), WATERMARK.name)).as_py() \
+        else np.zeros(n, dtype=bool)
+    ends_group = (np.add.reduceat(marks.astype(np.int64), starts) > 0).tolist() if n else []
 
     group_of_txn = np.full(len(starts), -1, dtype=np.int64)
     group, size = -1, 0
@@ -133,8 +184,10 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
     if len(applied_txns):
         txn_groups = group_of_txn[applied_txns]
         cuts = np.flatnonzero(np.r_[True, txn_groups[1:] != txn_groups[:-1], True])
+        scns, sizes = csn_columns[0], stops - starts
         for a, b in zip(cuts[:-1], cuts[1:]):
-            txns = applied_txns[a:b].tolist()
+            txn_array = applied_txns[a:b]
+            txns = txn_array.tolist()
             last_txn = txns[-1]
             last = int(stops[last_txn] - 1)
             csn_at = lambda t: Csn(*(int(col[t]) for col in csn_columns))  # noqa: E731
@@ -145,8 +198,8 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, l
             groups.append(Group(
                 txns=txns, units=units, end=TrailPosition(int(seqnos[last]), int(rbas[last]) + 1), log_csn=last_csn,
                 log_xid=xids[int(starts[last_txn])].as_py(),
-                cmplt_xids=[xids[int(starts[t])].as_py() for t in txns if int(csn_columns[0][t]) == last_csn.scn],
+                cmplt_xids=[xids[int(starts[t])].as_py() for t in txn_array[scns[txn_array] == last_csn.scn]],
                 audit_ts=commit_ts[int(starts[last_txn])].as_py(), log_bsn=int(bsns[last]),
-                operations=int(sum(ops[t] for t in txns))))
+                operations=int(sizes[txn_array].sum())))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
     return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn)

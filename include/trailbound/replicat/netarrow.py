@@ -259,8 +259,10 @@ def net_lines(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np
     units = data.column("unit").to_numpy()
     out = []
     for name in pc.unique(tables).to_pylist():
-        rows = np.flatnonzero(_bools(pc.equal(tables, name)))
-        lines, left_units = _table_lines(data.take(pa.array(rows)), plans[name])
+        mask = pc.equal(tables, name)
+        rows = np.flatnonzero(_bools(mask))
+        # filter, not take: a take across the chunks of the file's columns costs 4x (measured)
+        lines, left_units = _table_lines(data.filter(mask), plans[name])
         if lines is None:
             left[rows] = True
             continue

@@ -3,8 +3,11 @@
 1. Hold the group (advisory locks on the metadata store and the target).
 2. Start from the checkpoint table's row when there is one (it wins: it commits with the
    data), else from the file checkpoint; repair the file checkpoint from it.
-3. Read the committed trail files (trailbound.trail_file) from there in chunks, verifying
-   each file. In each chunk, skip transactions at or below log_csn, group whole source
+3. Read the committed trail files (trailbound.trail_file) from there, verifying each
+   whole file before any of its records is used, and cut them into chunks: rba ranges
+   ending at a transaction's end, the first GROUPTRANSOPS records, each next one twice
+   the last, up to CHUNK_RECORDS (chunks.cut). Applying starts once the first small chunk
+   is prepared. In each chunk, skip transactions at or below log_csn, group whole source
    transactions into target transactions (GROUPTRANSOPS operations at least; a
    transaction with a TRUNCATE starts a new group), and split groups into units at each
    TRUNCATE.
@@ -25,6 +28,7 @@ what it holds: nothing is applied twice and nothing is lost.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import threading
@@ -51,13 +55,13 @@ from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
                                        ReplayStats, record_key)
-from trailbound.replicat.chunks import Chunk, Group, TrailFile, plan_chunk
+from trailbound.replicat.chunks import Chunk, Group, TrailFile, cut, plan_chunk
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
 log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
-CHUNK_RECORDS = 250_000
+CHUNK_RECORDS = 250_000  # the most records in a chunk (the first holds GROUPTRANSOPS)
 FILE_CHECKPOINT_SECONDS = 1.0
 LOST_TRAIL_HINT = "if the trail was lost, re-create it from the source: see 'Lost trails' in docs/replicat.md"
 
@@ -215,44 +219,45 @@ class _Run:
     # -- preparing chunks (in a background thread, one chunk ahead)
 
     def chunks(self, files: list[TrailFile], start_rba: int):
-        batches, batch, size = [], [], 0
-        for file in files:
-            batch.append(file)
-            size += file.records
-            if size >= CHUNK_RECORDS:
-                batches.append(batch)
-                batch, size = [], 0
-        if batch:
-            batches.append(batch)
+        """The chunks to apply, each prepared in a background thread while the one
+        before it is applied."""
         log_csn = self.checkpoint.log_csn
+        # Advanced only by the worker thread, one chunk at a time (it reads the files).
+        pieces = cut(files, self._read, start_rba, first=self.grouptransops, most=CHUNK_RECORDS)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicat-prepare") as pool:
-            pending: Future | None = None
-            for number, batch in enumerate(batches):
-                if pending is None:
-                    pending = pool.submit(self._prepare, number, batch, start_rba if number == 0 else 0, log_csn)
+            pending: Future = pool.submit(self._prepare, 0, pieces, log_csn)
+            for number in itertools.count():
                 waited = time.perf_counter()
                 chunk = pending.result()
                 self.timer.add("apply: waiting for the next chunk", time.perf_counter() - waited)
-                pending = (pool.submit(self._prepare, number + 1, batches[number + 1], 0, log_csn)
-                           if number + 1 < len(batches) else None)
+                if chunk is None:
+                    return
+                pending = pool.submit(self._prepare, number + 1, pieces, log_csn)
                 try:
                     yield chunk
                 except GeneratorExit:
-                    if pending is not None:
-                        pending.cancel()
+                    pending.cancel()
                     raise
 
-    def _prepare(self, number: int, files: list[TrailFile], start_rba: int, log_csn: Csn | None) -> Chunk:
+    def _read(self, file: TrailFile) -> pa.Table:
         began = time.perf_counter()
-        tables = [_read(f, self.fs) for f in files]
-        read = time.perf_counter()
-        chunk = plan_chunk(files, tables, start_rba, log_csn, self.grouptransops)
+        table = _read(file, self.fs)
+        self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
+        return table
+
+    def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
+        """The next chunk of `pieces` planned and netted; None after the last."""
+        piece = next(pieces, None)
+        if piece is None:
+            return None
+        files, tables = piece
+        began = time.perf_counter()
+        chunk = plan_chunk(files, tables, 0, log_csn, self.grouptransops)
         planned = time.perf_counter()
         from trailbound.replicat.netrows import compute_net  # pyspark: not for a run with nothing new
 
         chunk.net = compute_net(self.spark, chunk, self.plans, self.workdir / f"chunk-{number}", self.timer)
-        self.timer.add("prepare: read and verify trail files", read - began)
-        self.timer.add("prepare: plan groups", planned - read)
+        self.timer.add("prepare: plan groups", planned - began)
         return chunk
 
     # -- applying
@@ -346,11 +351,17 @@ class _Run:
                     crashpoint("before_target_commit")
                 self.connection.commit()
             except (psycopg2.Error, TrailboundError) as exc:
+                lost = self.connection.closed  # the target went away: not this record's fault
                 self._rollback_quietly()
                 if record is None:
                     raise
                 self.flush()  # what did commit is recorded before the run stops
-                message = (exc.pgerror or str(exc)).strip() if isinstance(exc, psycopg2.Error) else str(exc)
+                message = (exc.pgerror or str(exc)) if isinstance(exc, psycopg2.Error) else str(exc)
+                message = " ".join(message.split())  # libpq's messages span lines; the CLI prints one
+                if lost:
+                    raise TrailboundError(f"target error replaying the transaction from "
+                                          f"{chunk.path_of(record['seqno'])} rba {record['rba']} (CSN "
+                                          f"{Csn.from_row(record)}): {message}") from None
                 raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
                                  record["op"], record["table"], record_key(self.plans.get(record["table"]), record),
                                  message) from None
