@@ -211,7 +211,7 @@ def test_a_high_watermark_ends_its_replicat_group():
         txn(3, "UPDATE", WATERMARK, '{"window_id":"a","source_table":"public.orders","mark":"high"}'),
         txn(4, "INSERT", "public.orders", row),
     ], schema=trail.SCHEMA)
-    chunk = plan_chunk([TrailFile(1, "lt000000001", len(records), "")], [records], 0, None, grouptransops=100)
+    chunk = plan_chunk([TrailFile(1, "lt000000001", len(records), "")], [records], None, grouptransops=100)
     assert [g.txns for g in chunk.groups] == [[0, 1, 2, 3], [4]]
 
 

@@ -58,7 +58,7 @@ def _trail_table(transactions: list[list[tuple[str, str]]]) -> pa.Table:
 def test_groups_hold_whole_transactions_and_a_truncate_starts_a_new_one():
     ins_, trunc = ("INSERT", "shop.orders"), ("TRUNCATE", "shop.cart_sessions")
     records = _trail_table([[ins_] * 3, [ins_] * 3, [ins_], [ins_, trunc, ins_], [ins_] * 2, [ins_]])
-    chunk = plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], 0, Csn(10, 1, 1, 1),
+    chunk = plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], Csn(10, 1, 1, 1),
                        grouptransops=4)
     # T1 is at or below log_csn: skipped. T2 (3 ops) + T3 reach 4 ops; T4 truncates, so it
     # starts a group (which T5 joins: 5 ops); T6 is the last.
@@ -73,7 +73,7 @@ def test_groups_hold_whole_transactions_and_a_truncate_starts_a_new_one():
     assert len({unit for unit, _ in units}) == 3
     assert chunk.groups[1].operations == 5 and chunk.end == TrailPosition(7, 13)
     with pytest.raises(trail.TrailError, match="not the start of a transaction"):
-        plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records], 1, None, grouptransops=4)
+        plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records.slice(1)], None, grouptransops=4)
 
 
 def test_a_file_is_cut_into_chunks_at_transaction_ends():
@@ -98,7 +98,7 @@ def test_a_file_is_cut_into_chunks_at_transaction_ends():
     assert chunks == [[(7, [3, 4, 5, 6, 7])], [(7, [8, 9, 10, 11, 12, 13, 14, 15])],
                       [(7, [16, 17]), (8, [0, 1, 2, 3, 4])]]
     assert read == [7, 8]
-    planned = [plan_chunk(fs, ts, 0, None, grouptransops=100) for fs, ts in cut(files, reader, 3, first=2, most=5)]
+    planned = [plan_chunk(fs, ts, None, grouptransops=100) for fs, ts in cut(files, reader, 3, first=2, most=5)]
     # A chunk's end is the position after its last transaction: the next one starts there.
     assert [c.end for c in planned] == [TrailPosition(7, 8), TrailPosition(7, 16), TrailPosition(8, 5)]
     assert [c.groups[-1].end for c in planned] == [c.end for c in planned]
@@ -529,7 +529,7 @@ def test_a_file_split_into_chunks_applies_once_across_a_crash_between_them(captu
         first_file = TrailFile(**cur.fetchone())
     records = trail.read_file(first_file.path)
     pieces = cut([first_file], lambda f: records, 0, first=grouptransops, most=10 * grouptransops)
-    first_chunk = plan_chunk(*next(pieces), 0, None, grouptransops)
+    first_chunk = plan_chunk(*next(pieces), None, grouptransops)
     assert next(pieces, None) is not None, "the first trail file must be split (make it larger)"
     assert len(first_chunk.groups) == 1 and first_chunk.end.seqno == first_file.seqno
     assert 0 < first_chunk.end.rba < first_file.records

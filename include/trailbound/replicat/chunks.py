@@ -114,16 +114,12 @@ def cut(files: list[TrailFile], read: Callable[[TrailFile], pa.Table], start_rba
         yield chunk_files, chunk_tables
 
 
-def plan_chunk(files: list[TrailFile], tables: list[pa.Table], start_rba: int, log_csn: Csn | None,
-               grouptransops: int) -> Chunk:
+def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | None, grouptransops: int) -> Chunk:
     """Everything about a chunk that needs no Spark: transactions, what is skipped,
-    groups, units and each group's checkpoint values. `tables` are the files' records
-    (from `start_rba` in the first), or slices of them (see `cut`)."""
-    parts = []
-    for index, (file, table) in enumerate(zip(files, tables)):
-        if index == 0 and start_rba:
-            table = table.slice(start_rba)
-        parts.append(table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64))))
+    groups, units and each group's checkpoint values. `tables` are the records of
+    `files`, whole or in slices (see `cut`, which also starts the first at the start rba)."""
+    parts = [table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64)))
+             for file, table in zip(files, tables)]
     records = pa.concat_tables(parts) if parts else pa.table({})  # chunked: no copy of the images
     n = len(records)
     ind = records.column("trans_ind").to_numpy()

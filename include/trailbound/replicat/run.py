@@ -252,7 +252,7 @@ class _Run:
             return None
         files, tables = piece
         began = time.perf_counter()
-        chunk = plan_chunk(files, tables, 0, log_csn, self.grouptransops)
+        chunk = plan_chunk(files, tables, log_csn, self.grouptransops)
         planned = time.perf_counter()
         from trailbound.replicat.netrows import compute_net  # pyspark: not for a run with nothing new
 
