@@ -183,32 +183,37 @@ def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
         return committed_trail(reference_store, config)
 
 
-@pytest.mark.long_running(40)
-@pytest.mark.parametrize("point", CRASH_POINTS)
-def test_a_crash_at_any_point_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store, point,
-                                                                         uninterrupted_trail, driver_jvm):
+@pytest.mark.long_running(90)
+def test_a_crash_at_every_point_in_turn_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store,
+                                                                                   uninterrupted_trail, driver_jvm):
+    """The second run is killed at each crash point in turn (the order the run reaches
+    them), each kill in a run that first recovers from the kills before it, as a machine
+    that keeps failing would. Until the checkpoint commits nothing may move; then the
+    remaining runs give exactly the trail of the runs that were never killed."""
     from trailbound import config as configuration
 
     config_path = _crash_scenario(tmp_path)
     config = configuration.load(config_path)
     run(spark, store, config, at(m(100)))
     before = state(store)
-    env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **driver_jvm.env}
-    crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "extract", "run", "EXT1",
-                                            "--until", at(m(200)).isoformat()),
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert crashed.returncode == 137, crashed.stderr[-2000:]
-    after = state(store)
-    if point == "after_checkpoint_commit":
-        assert after.read_scn == Scn(m(200))
-    else:
-        assert (after.read_scn, after.write) == (before.read_scn, before.write), "no checkpoint may move"
-    if point in ("after_br_persist", "after_checkpoint_commit"):
-        assert _br_files(tmp_path), "the crashed run got as far as writing its BR file"
-    else:
-        assert _br_files(tmp_path) == []
-    run(spark, store, config, at(m(200)))
-    run(spark, store, config, at(m(300)))
+    env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **driver_jvm.env}
+    for point in CRASH_POINTS:
+        crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "extract", "run", "EXT1",
+                                                "--until", at(m(200)).isoformat()),
+                                 env={**env, CRASH_ENV: point}, capture_output=True, text=True, timeout=300)
+        assert crashed.returncode == 137, (point, crashed.stderr[-2000:])
+        after = state(store)
+        if point == "after_checkpoint_commit":
+            assert after.read_scn == Scn(m(200)), point
+        else:
+            assert (after.read_scn, after.write) == (before.read_scn, before.write), f"{point}: no checkpoint may move"
+        if CRASH_POINTS.index(point) < CRASH_POINTS.index("after_br_persist"):
+            assert _br_files(tmp_path) == [], f"{point} comes before the BR persist"
+        else:
+            assert _br_files(tmp_path), f"{point}: the crashed run got as far as writing its BR file"
+    assert "nothing new" in run(spark, store, config, at(m(200))).describe(), "the last kill came after the commit"
+    assert run(spark, store, config, at(m(300))).recovery == "bounded", \
+        "the killed run committed its BR checkpoint with its read checkpoint"
     assert committed_trail(store, config) == uninterrupted_trail
     assert transactions(uninterrupted_trail) == [("A", [1]), ("B", [3, 4]), ("C", [5]), ("D", [7]),
                                                  ("LONG", [2, 6]), ("E", [8])]

@@ -40,6 +40,10 @@ def airflow_env(home: Path, dags: Path, extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.update({
         "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        # The default sqlite database, but waiting up to a minute for a lock (Python's
+        # default is 5 s): a world's Airflow process, triggerer and API server share it, and
+        # on two loaded CPUs a writer can hold it longer ("database is locked").
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         # This tree's engine and plugins, whatever an editable install of the venv points at.
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",

@@ -481,31 +481,37 @@ def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_ds
 
 # ---------------------------------------------------------------- crashes
 
-@pytest.mark.long_running(45)
-@pytest.mark.parametrize("point", ["after_target_commit", "mid_copy", "between_groups"])
-def test_a_crash_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark, point, driver_jvm):
+@pytest.mark.long_running(60)
+def test_a_crash_at_every_point_in_turn_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark,
+                                                               driver_jvm):
+    """Replicat is killed at each crash point in turn, each kill in a run that first
+    recovers from the kills before it; then one run converges."""
     config_path = write_config(tmp_path, home=captured.directory, grouptransops=300, megabytes=0.1)
     config = configuration.load(config_path)
     _create_target(config, target_dsn)
-    env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": metadata_copy,
-           "TRAILBOUND_TARGET_DSN": target_dsn, **driver_jvm.env}
-    crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert crashed.returncode == 137, crashed.stderr[-3000:]
-    row, file_checkpoint = checkpoint_row(target_dsn), _file_checkpoint(metadata_copy)
-    if point == "mid_copy":
-        assert row is None, "the first group died in its COPY: nothing of it is committed"
-        assert sum(differences(target_dsn, captured.truth).get(t, (0, 0))[0] for t in captured.truth["tables"]) == 0
-    elif point == "after_target_commit":
-        assert row["seqno"] >= 1 and file_checkpoint.position == TrailPosition(0, 0), \
-            "the target committed the group, the metadata store never heard of it"
-    else:
-        # The file checkpoint follows the checkpoint table lazily (at most every
-        # FILE_CHECKPOINT_SECONDS): never ahead of it, and the rerun starts from the table.
-        assert TrailPosition(0, 0) < file_checkpoint.position <= TrailPosition(row["seqno"], row["rba"])
+    env = {**os.environ, "TRAILBOUND_METADATA_DSN": metadata_copy, "TRAILBOUND_TARGET_DSN": target_dsn,
+           **driver_jvm.env}
+    for point in ("mid_copy", "after_target_commit", "between_groups"):
+        crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+                                 env={**env, CRASH_ENV: point}, capture_output=True, text=True, timeout=300)
+        assert crashed.returncode == 137, (point, crashed.stderr[-3000:])
+        row, file_checkpoint = checkpoint_row(target_dsn), _file_checkpoint(metadata_copy)
+        if point == "mid_copy":
+            assert row is None, "the first group died in its COPY: nothing of it is committed"
+            assert sum(differences(target_dsn, captured.truth).get(t, (0, 0))[0]
+                       for t in captured.truth["tables"]) == 0
+        elif point == "after_target_commit":
+            assert row["seqno"] >= 1 and file_checkpoint.position == TrailPosition(0, 0), \
+                "the target committed the group, the metadata store never heard of it"
+            committed = TrailPosition(row["seqno"], row["rba"])
+        else:
+            # The file checkpoint follows the checkpoint table lazily (at most every
+            # FILE_CHECKPOINT_SECONDS): never ahead of it, and the rerun starts from the table.
+            assert committed < TrailPosition(row["seqno"], row["rba"]), "the run went on from the table's row"
+            assert TrailPosition(0, 0) < file_checkpoint.position <= TrailPosition(row["seqno"], row["rba"])
     with MetadataStore.open(metadata_copy) as store:
         result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
-    assert result.started_from == ("file checkpoint" if row is None else "checkpoint table")
+    assert result.started_from == "checkpoint table"
     assert differences(target_dsn, captured.truth) == {}
     end, last_csn = _trail_end(metadata_copy)
     assert _file_checkpoint(metadata_copy).position == end
