@@ -22,8 +22,8 @@ they drive one Spark JVM the seed starts once (`DriverJvm`), the way spark-submi
 a Python driver its JVM (PYSPARK_GATEWAY_PORT). Each such process first stops the Spark
 context a killed predecessor left in it (its cached data, its jobs), so every run starts
 from the files and checkpoints alone, as after a machine's restart; the process itself
-still dies with `kill -9`'s status at its crash point, with its database sessions. Seed
-11 runs in `make test`; all three in `make reliability`.
+still dies with `kill -9`'s status at its crash point, with its database sessions. The
+seeds run in `make reliability` only (see SEEDS); `make test` runs the plan check.
 """
 
 from __future__ import annotations
