@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 # The suite's Spark jobs read a few dozen records each, so every spark-submit and session
-# is dominated by start-up: the JVM's JIT, whole-stage code generation, adaptive query
-# planning. Spark's own configuration file (what a deployment would use) switches them to
+# is dominated by start-up: the JVM's JIT, code generation (Janino compiles generated Java
+# for every new plan, whole-stage and per expression), adaptive query planning. Spark's own configuration file (what a deployment would use) switches them to
 # small-batch settings for every JVM the suite starts, in-process sessions, spark-submit
 # from Airflow and the standalone cluster alike. None of them changes a result; the
 # benchmarks run with the defaults.
@@ -40,6 +40,7 @@ SMALL_BATCH_SPARK_DEFAULTS = """\
 spark.driver.defaultJavaOptions -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 spark.executor.defaultJavaOptions -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 spark.sql.codegen.wholeStage false
+spark.sql.codegen.factoryMode NO_CODEGEN
 spark.sql.adaptive.enabled false
 spark.sql.shuffle.partitions 4
 """
