@@ -48,7 +48,7 @@ help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
 	@echo "make demo-live the pipeline on a live PostgreSQL source (pgbench writing), through Airflow"
 	@echo "make test      set up, start a local PostgreSQL, run the whole test suite"
-	@echo "make reliability  run the crash matrix (every crash point x 3 seeds; about 30 minutes)"
+	@echo "make reliability  run the crash matrix (every crash point x 3 seeds; about 7 minutes)"
 	@echo "make bench     run the benchmarks and write their results under docs/benchmarks/"
 	@echo "make airflow   start airflow standalone (the UI on http://localhost:8080) with the DAGs loaded"
 	@echo "make dags      regenerate dags/ from the configuration file"
