@@ -31,11 +31,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 # The suite's Spark jobs read a few dozen records each, so every spark-submit and session
-# is dominated by start-up: the JVM's JIT, code generation (Janino compiles generated Java
-# for every new plan, whole-stage and per expression), adaptive query planning. Spark's own configuration file (what a deployment would use) switches them to
-# small-batch settings for every JVM the suite starts, in-process sessions, spark-submit
-# from Airflow and the standalone cluster alike. None of them changes a result; the
-# benchmarks run with the defaults.
+# is dominated by start-up: the JVM's JIT, code generation (Janino compiles the generated
+# Java of every new plan, whole-stage and per expression), adaptive query planning. Spark's
+# own configuration file (what a deployment would use) switches them to small-batch
+# settings for every JVM the suite starts, in-process sessions, spark-submit from Airflow
+# and the standalone cluster alike. None of them changes a result; the benchmarks run with
+# the defaults.
 SMALL_BATCH_SPARK_DEFAULTS = """\
 spark.driver.defaultJavaOptions -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 spark.executor.defaultJavaOptions -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
