@@ -245,6 +245,12 @@ def manifest_lies_about_records_fewer(archive):
     return Expect(f"{SEGMENT_2}.parquet", 1, "holds 2 records, the manifest says 1")
 
 
+def manifest_records_past_the_position_limit(archive):
+    """An rba must fit 32 bits (capture packs a log position into one long)."""
+    _segment(good_records(), manifest_overrides={"records": 2**32})(archive)
+    return Expect(f"{SEGMENT_2}.json", None, "records 4294967296 is over 4,294,967,295")
+
+
 def manifest_lies_about_sha256_of_other_bytes(archive):
     """The data file replaced after the manifest was written (same size, other bytes)."""
     manifest = archive.segment(THREAD, [ins(110, "B", 10), rec(120, "B", "COMMIT")], 200, fmt="jsonl")
@@ -442,7 +448,8 @@ def after_is_not_json(archive):
 
 ARCHIVE_CASES = [
     sha256_mismatch, manifest_lies_about_bytes, manifest_lies_about_records_more, manifest_lies_about_records_fewer,
-    manifest_lies_about_sha256_of_other_bytes, unreadable_manifest, duplicate_manifest, data_file_missing,
+    manifest_records_past_the_position_limit, manifest_lies_about_sha256_of_other_bytes, unreadable_manifest,
+    duplicate_manifest, data_file_missing,
     sequence_gap, first_scn_not_previous_next_scn, segment_after_closed, truncated_parquet,
     parquet_column_of_the_wrong_type, rba_gap, rba_not_from_zero, rba_twice, scn_backwards, scn_outside_the_segment,
     unknown_op, lower_case_op, dml_without_table, commit_of_a_subtransaction, record_after_commit,

@@ -59,10 +59,17 @@ def _utc(value: object, key: str, where: Path) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
-def _int(document: dict, key: str, where: Path, minimum: int = 0) -> int:
+# An rba fits 32 bits: capture packs a log position into one long (sequence << 32 | rba).
+MAX_RECORDS = 2**32 - 1
+
+
+def _int(document: dict, key: str, where: Path, minimum: int = 0, maximum: int | None = None) -> int:
     value = document.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ArchiveError(where, f"{key} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ArchiveError(where, f"{key} {value} is over {maximum:,}, the most one segment may hold here; "
+                                  "cut the log into smaller segments")
     return value
 
 
@@ -100,7 +107,7 @@ def read_manifest(manifest: Path) -> Segment:
         next_scn=_int(document, "next_scn", manifest),
         first_time=_utc(document["first_time"], "first_time", manifest),
         next_time=_utc(document["next_time"], "next_time", manifest),
-        records=_int(document, "records", manifest),
+        records=_int(document, "records", manifest, maximum=MAX_RECORDS),
         bytes=_int(document, "bytes", manifest),
         sha256=sha256.lower(),
         format=fmt,

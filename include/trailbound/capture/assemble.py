@@ -1,7 +1,8 @@
 """Transaction assembly: redo records in, commit-ordered trail records out.
 
-A pure transform (DataFrames in, DataFrames out, no I/O), so it is tested on its own.
-Given the records a run reads and what earlier runs decided, it:
+A transform of DataFrames: the records a run reads come from capture.logread (its
+per-transaction summaries, and its records for the trail), and nothing here writes.
+Given them and what earlier runs decided, it:
 
 - groups records by top-level transaction (a subtransaction's records belong to its
   parent_xid) within a thread;
@@ -24,14 +25,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from trailbound.archive import contract
+from trailbound.capture.logread import LogRead, packed, unpacked
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, csn_at_or_below
-from trailbound.tables import java_regex
-from trailbound.trail.format import FIXED_ROW_BYTES
 
 OPEN, WRITE, SKIP, DONE_EARLIER, ROLLED_BACK, ALREADY_WRITTEN = (
     "open", "write", "skip", "done earlier", "rolled back", "already written")
 
+# What the trail write needs of a captured record.
+_KEPT_COLUMNS = ("thread", "txid", "xid", "sequence", "rba", "scn", "op", "table", "before", "after")
 _SKIPS = T.StructType([T.StructField("thread", T.IntegerType()), T.StructField("txid", T.StringType()),
                        T.StructField("skip_reason", T.StringType())])
 
@@ -58,43 +59,57 @@ class Assembly:
     # rba and trans_ind, which the writer adds) with their file_no; in no particular order.
     trail: Callable[[DataFrame], DataFrame]
     transactions: DataFrame   # one row per transaction seen: thread, txid, start, end, fate, ...
-    subtransactions: DataFrame  # one row per subtransaction: thread, xid, rolled_back_at, last (worth caching)
+    subtransactions: DataFrame  # per subtransaction: thread, xid, rolled_back_at, last (packed; worth caching)
     broken: DataFrame         # non-empty when some record comes after its transaction's end
     violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
+    # Per thread read from the log (restored records aside): first and last record
+    # (sequence, rba, scn, ts), n records, reread (below read_scn), from_time.
+    log_reads: DataFrame
     cached: list[DataFrame]   # what assemble cached: the caller unpersists it after the run
 
 
-def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tables: list[str],
-             log_bsn: Scn) -> Assembly:
-    r = records.withColumn("txid", F.coalesce("parent_xid", "xid"))
-    position = F.struct("sequence", "rba")
+def _earliest(prefix: str, *fields: str) -> list:
+    """Aggregates: the least `<prefix>_at` (a packed position) and the `fields` there."""
+    at = f"{prefix}_at"
+    return [F.min(at).alias(at)] + [F.min_by(f"{prefix}_{f}", at).alias(f"{prefix}_{f}") for f in fields]
 
-    top_level_end = F.col("op").isin(*contract.END_OPS) & F.col("parent_xid").isNull()
-    size = F.coalesce(F.length("before"), F.lit(0)) + F.coalesce(F.length("after"), F.lit(0))
-    captured = F.col("op").isin(*contract.DML_OPS) & F.col("table").rlike(java_regex(tables))
-    # A trail record's size (trail.format.FIXED_ROW_BYTES plus its strings' bytes): what
-    # rollover counts. The xid column holds the top-level transaction id.
-    row_bytes = F.lit(FIXED_ROW_BYTES) + sum(F.coalesce(F.octet_length(c), F.lit(0))
-                                              for c in ("txid", "op", "table", "before", "after"))
-    # The one pass over every record: per (sub)transaction id, its start, its end (first
-    # top-level COMMIT or ROLLBACK), its last record (which must not come after the end),
-    # its first ROLLBACK (a subtransaction's savepoint rollback) and the size of what it
-    # would put in the trail. Everything per transaction is rolled up from these rows,
-    # one per xid: a few per transaction, not one per record.
-    per_xid = (r.groupBy("thread", "txid", "xid")
-               .agg(F.min(F.struct("sequence", "rba", "scn", "ts")).alias("start"),
-                    F.max(position).alias("last"),
-                    F.min(F.when(top_level_end, F.struct("sequence", "rba", "scn", "ts", "op"))).alias("end"),
-                    F.count(F.lit(1)).alias("records"), F.sum(size).alias("bytes"),
-                    F.min(F.when(F.col("op") == "ROLLBACK", position)).alias("rolled_back_at"),
-                    F.sum(F.when(captured, 1).otherwise(0)).alias("kept_records"),
-                    F.sum(F.when(captured, row_bytes).otherwise(0)).alias("kept_bytes"))
+
+def _latest(prefix: str, *fields: str) -> list:
+    at = f"{prefix}_at"
+    return [F.max(at).alias(at)] + [F.max_by(f"{prefix}_{f}", at).alias(f"{prefix}_{f}") for f in fields]
+
+
+def _record(prefix: str):
+    """A struct (sequence, rba, scn, ts) of the record at `<prefix>_at`."""
+    return F.struct(*unpacked(f"{prefix}_at"), F.col(f"{prefix}_scn").alias("scn"), F.col(f"{prefix}_ts").alias("ts"))
+
+
+def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: list[str], log_bsn: Scn) -> Assembly:
+    # Per (sub)transaction id, merged from the reading tasks' summaries (capture.logread):
+    # its start, its last record (which must not come after the end), its end (first
+    # top-level COMMIT or ROLLBACK), its first ROLLBACK (a subtransaction's savepoint
+    # rollback), and the size of what it would put in the trail. Everything per
+    # transaction is rolled up from these rows, one per xid (and per restored or read
+    # from the log): a few per transaction, not one per record. Positions are packed
+    # longs, so every aggregate here hashes (a struct's min would sort its input).
+    per_xid = (log.summaries(tables, decisions.read_scn).groupBy("thread", "txid", "xid", "restored")
+               .agg(*_earliest("start", "scn", "ts"), *_latest("last", "scn", "ts"),
+                    *_earliest("end", "scn", "ts", "committed"), F.min("rollback_at").alias("rollback_at"),
+                    *[F.sum(c).alias(c) for c in ("records", "bytes", "kept_records", "kept_bytes", "reread")],
+                    F.min("from_time").alias("from_time"))
                .cache())
     is_sub = F.col("xid") != F.col("txid")  # a record with a parent_xid (one naming itself is refused earlier)
+    end = F.struct(*unpacked("end_at"), F.col("end_scn").alias("scn"), F.col("end_ts").alias("ts"),
+                   F.when(F.col("end_committed"), F.lit("COMMIT")).otherwise(F.lit("ROLLBACK")).alias("op"))
     txns = (per_xid.groupBy("thread", "txid")
-            .agg(F.min("start").alias("start"), F.max("last").alias("last"), F.min("end").alias("end"),
-                 F.sum("records").alias("records"), F.sum("bytes").alias("bytes")))
-    subs = per_xid.where(is_sub).select("thread", "xid", "rolled_back_at", "last")
+            .agg(*_earliest("start", "scn", "ts"), F.max("last_at").alias("last_at"),
+                 *_earliest("end", "scn", "ts", "committed"), F.sum("records").alias("records"),
+                 F.sum("bytes").alias("bytes"))
+            .select("thread", "txid", _record("start").alias("start"), F.struct(*unpacked("last_at")).alias("last"),
+                    F.when(F.col("end_at").isNotNull(), end).alias("end"), "records", "bytes"))
+    # Per subtransaction: its first ROLLBACK and its last record, packed positions.
+    subs = (per_xid.where(is_sub).groupBy("thread", "xid")
+            .agg(F.min("rollback_at").alias("rolled_back_at"), F.max("last_at").alias("last")))
     skips = spark.createDataFrame(decisions.skips, _SKIPS)
     txns = txns.join(F.broadcast(skips), ["thread", "txid"], "left")
     # FORCETRANS: an open transaction is committed now, at CSN horizon@0:0:k, after every
@@ -134,18 +149,20 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
     # A parent_xid naming a subtransaction would make that subtransaction a transaction
     # of its own that never ends (an open transaction pinning recovery and retention).
     sub_xids = subs.select("thread", F.col("xid").alias("txid"))
-    nested = r.where(F.col("parent_xid").isNotNull()).join(sub_xids, ["thread", "txid"], "left_semi")
     nested_txids = per_xid.where(is_sub).join(sub_xids, ["thread", "txid"], "left_semi")
 
     def violations() -> DataFrame:
         """The offending records themselves; only computed when a check above fails."""
+        r = log.records()
+        nested = r.where(F.col("parent_xid").isNotNull()).join(sub_xids, ["thread", "txid"], "left_semi")
         after_end = (r.join(broken_txns, ["thread", "txid"])
                      .where((F.col("sequence") > F.col("end_sequence")) |
                             ((F.col("sequence") == F.col("end_sequence")) & (F.col("rba") > F.col("end_rba"))))
                      .select("thread", "sequence", "rba", "file", F.format_string(
                          "record of transaction %s after its %s at sequence %d rba %d",
                          "txid", "end_op", "end_sequence", "end_rba").alias("message")))
-        after_rollback = (r.join(broken_subs, ["thread", "xid"]).where(position > F.col("rolled_back_at"))
+        after_rollback = (r.join(broken_subs, ["thread", "xid"])
+                          .where(packed("sequence", "rba") > F.col("rolled_back_at"))
                           .select("thread", "sequence", "rba", "file", F.format_string(
                               "record of subtransaction %s after its ROLLBACK", "xid").alias("message")))
         nested_parent = nested.select("thread", "sequence", "rba", "file", F.format_string(
@@ -159,7 +176,8 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("thread")).cast("int").alias("csn_thread"),
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("end.sequence")).alias("csn_sequence"),
         F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
-    kept = r.where(captured).join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti")
+    kept = (log.records(captured=tables, columns=_KEPT_COLUMNS)
+            .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti"))
     sizes = (per_xid.join(F.broadcast(sub_rollbacks), ["thread", "xid"], "left_anti")
              .groupBy("thread", "txid").agg(F.sum("kept_records").alias("records"), F.sum("kept_bytes").alias("bytes"))
              .where(F.col("records") > 0))
@@ -174,6 +192,13 @@ def assemble(spark: SparkSession, records: DataFrame, decisions: Decisions, tabl
                         F.lit(log_bsn.value).cast("long").alias("log_bsn"), "file_no")
                 .select(*trail_columns, "file_no"))
 
+    # Per thread, what the run read from the log (restored records aside): the read checkpoints.
+    log_reads = (per_xid.where(~F.col("restored")).groupBy("thread")
+                 .agg(*_earliest("start", "scn", "ts"), *_latest("last", "scn", "ts"), F.sum("records").alias("n"),
+                      F.sum("reread").alias("reread"), F.min("from_time").alias("from_time"))
+                 .select("thread", "n", "reread", "from_time", _record("start").alias("first"),
+                         _record("last").alias("last")))
     return Assembly(written=written.join(sizes, ["thread", "txid"]), trail=trail, transactions=txns, subtransactions=subs,
                     broken=broken_txns.select("thread").unionByName(broken_subs.select("thread"))
-                    .unionByName(nested_txids.select("thread")), violations=violations, cached=[per_xid])
+                    .unionByName(nested_txids.select("thread")), violations=violations, log_reads=log_reads,
+                    cached=[per_xid])

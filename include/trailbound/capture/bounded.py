@@ -62,16 +62,6 @@ def fault(persisted: ckpt.PersistedObject) -> str | None:
     return None
 
 
-def restore(spark: SparkSession, restored: list[ckpt.OpenTransaction]) -> DataFrame | None:
-    """The persisted transactions' records, as a records DataFrame."""
-    from trailbound.archive.reader import RECORD_COLUMNS
-
-    if not restored:
-        return None
-    paths = [str(t.persisted.file) for t in restored]
-    return spark.read.parquet(*paths).select(*RECORD_COLUMNS)
-
-
 def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, checkpoint_scn: Scn,
             spark: SparkSession) -> dict[tuple[int, str], ckpt.PersistedObject]:
     """Write each listed transaction's records (all it has so far) to its own file, from

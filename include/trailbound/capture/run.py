@@ -21,13 +21,13 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from trailbound.archive import reader
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery, trailwrite
 from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
+from trailbound.capture.logread import LogRead, ReadWindow
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, changed_since_added
@@ -119,17 +119,13 @@ def ensure_group(store: MetadataStore, config: Config, group: str, begin: str | 
         return ckpt.load(cur, name)
 
 
-def _restart_condition(restart: recovery.RestartPoint):
-    """The records a run reads: at or above the restart SCN, and on the threads with an
-    earlier start, from that position on."""
-    if restart.from_scn is None:
-        return F.lit(True)
-    condition = F.col("scn") >= F.lit(restart.from_scn.value)
-    for thread, start in restart.starts.items():
-        at = start.position
-        condition = condition | ((F.col("thread") == thread) & (
-            (F.col("sequence") > at.sequence) | ((F.col("sequence") == at.sequence) & (F.col("rba") >= at.rba))))
-    return condition
+def _read_window(restart: recovery.RestartPoint, horizon_scn: Scn, plan: recovery.RecoveryPlan) -> ReadWindow:
+    """The records a run reads: below the horizon, at or above the restart SCN (and on the
+    threads with an earlier start, from that position on), except those a persisted
+    object it restores already holds."""
+    return ReadWindow(horizon_scn, restart.from_scn,
+                      {thread: start.position for thread, start in restart.starts.items()},
+                      {(t.thread, t.xid): t.persisted.through for t in plan.restored})
 
 
 def _segments_to_read(entries, state: ckpt.ExtractState, restart: recovery.RestartPoint, horizon_scn: Scn):
@@ -185,31 +181,13 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         restart = recovery.restart_point(state, plan)
         segments = _segments_to_read(catalog.entries(), state, restart, horizon_scn)
         log_bsn = recovery.normal_restart_scn(state)
-        from_log = (reader.read_records(spark, segments)
-                    .where((F.col("scn") < F.lit(horizon_scn.value)) & _restart_condition(restart)))
-        records = from_log.withColumn("restored", F.lit(False))
-        restored = bounded.restore(spark, plan.restored)
-        if restored is not None:
-            # Records a persisted object already holds are dropped from the re-read.
-            held = spark.createDataFrame(
-                [(t.thread, t.xid, t.persisted.through.sequence, t.persisted.through.rba) for t in plan.restored],
-                "thread int, held_txid string, through_sequence long, through_rba long")
-            records = (records.withColumn("held_txid", F.coalesce("parent_xid", "xid"))
-                       .join(F.broadcast(held), ["thread", "held_txid"], "left")
-                       .where(F.col("through_sequence").isNull() |
-                              (F.col("sequence") > F.col("through_sequence")) |
-                              ((F.col("sequence") == F.col("through_sequence")) & (F.col("rba") > F.col("through_rba"))))
-                       .select(*reader.RECORD_COLUMNS, "restored")
-                       .unionByName(restored.withColumn("restored", F.lit(True))))
-        records = records.cache()
-        try:
-            return _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until,
-                                        started_at, log_bsn, watch, plan, restart, brreset)
-        finally:
-            records.unpersist()
+        log = LogRead(spark, segments, [t.persisted.file for t in plan.restored],
+                      _read_window(restart, horizon_scn, plan))
+        return _assemble_and_commit(spark, store, config, state, extract, log, segments, horizon, until,
+                                    started_at, log_bsn, watch, plan, restart, brreset)
 
 
-def _assemble_and_commit(spark, store, config, state, extract, records, segments, horizon, until, started_at,
+def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, segments, horizon, until, started_at,
                          log_bsn, watch: Stopwatch, plan: recovery.RecoveryPlan, restart: recovery.RestartPoint,
                          brreset: bool) -> RunResult:
     horizon_scn = horizon.scn
@@ -221,7 +199,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
                           + [(thread, d.xid, "skiptrans") for d, thread in skip_targets],
                           forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
                           horizon_scn=horizon_scn, read_time=read_time)
-    assembly = assemble(spark, records, decisions, extract.table, log_bsn)
+    assembly = assemble(spark, log, decisions, extract.table, log_bsn)
     txns = assembly.transactions.cache()
     subs = assembly.subtransactions.cache()  # read by the checks, the sizes and the trail: aggregate once
     broken = assembly.broken.limit(1).count()
@@ -246,14 +224,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     fates = {row["fate"]: row["n"] for row in txns.groupBy("fate").agg(F.count(F.lit(1)).alias("n")).collect()}
     open_rows = txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())
                            | F.col("forced")).collect()
-    from_log = records.where(~F.col("restored"))
-    per_thread = from_log.groupBy("thread").agg(
-        F.max(F.struct("sequence", "rba", "scn", "ts", "file")).alias("last"),
-        F.min(F.struct("sequence", "rba", "scn", "ts", "file")).alias("first"),
-        F.count(F.lit(1)).alias("n"),
-        F.sum(F.when(F.col("scn") < F.lit(state.read_scn.value if state.read_scn is not None else -1), 1)
-              .otherwise(0)).alias("reread"),
-        F.min("ts").alias("from_time")).collect()
+    per_thread = assembly.log_reads.collect()
 
     # Open transactions now: carried skips with no record in this run, then all seen.
     seen = {(row["thread"], row["txid"]) for row in txns.join(
@@ -276,14 +247,14 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
         state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
                                                reason, None if reason else still_persisted.get(key)))
 
-    for row in per_thread:
-        last, first = row["last"], row["first"]
-        current = _read_checkpoint(row["thread"], last, last["file"])
-        state.read["current"][row["thread"]] = current
-        state.read["startup"].setdefault(row["thread"], _read_checkpoint(row["thread"], first, first["file"]))
-    # The redo file of a recovery checkpoint is its own sequence's (a transaction's start
-    # carries no file name; the current file is usually a later one).
+    # A read checkpoint's redo file is its own sequence's (for a recovery checkpoint, a
+    # transaction's start, usually not the current file).
     redo_files = {(g.thread, g.sequence): g.path.name for g in segments}
+    for row in per_thread:
+        thread, last, first = row["thread"], row["last"], row["first"]
+        state.read["current"][thread] = _read_checkpoint(thread, last, redo_files[(thread, last["sequence"])])
+        state.read["startup"].setdefault(thread, _read_checkpoint(thread, first,
+                                                                  redo_files[(thread, first["sequence"])]))
     for thread, current in state.read["current"].items():
         starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None and t.persisted is None]
         oldest = min(starts, key=lambda s: s.position) if starts else current
@@ -299,7 +270,7 @@ def _assemble_and_commit(spark, store, config, state, extract, records, segments
     if brreset:
         state.br_suspended = None
     warnings += _long_transaction_warnings(state, extract, read_time)
-    br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon_scn, read_time)
+    br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, log, horizon_scn, read_time)
     watch.lap("bounded recovery")
     crashpoint("after_br_persist")
 
@@ -361,7 +332,7 @@ def _long_transaction_warnings(state: ckpt.ExtractState, extract, read_time) -> 
     return warnings
 
 
-def _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon_scn, read_time) -> dict | None:
+def _bounded_recovery_checkpoint(spark, config, extract, state, log: LogRead, horizon_scn, read_time) -> dict | None:
     """At a BR boundary: persist every open transaction older than one BR interval (again
     only if it changed), and describe the checkpoint for the run's metadata commit."""
     interval = extract.effective_brinterval
@@ -370,7 +341,8 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, records, horizon
     eligible = [t for t in state.open if t.skip_reason is None and read_time - t.start.ts > interval]
     changed = [t for t in eligible if t.persisted is None or t.persisted.records != t.records]
     directory = bounded.group_directory(config.path(extract.br.brdir), state.group)
-    written = bounded.persist(records, [(t.thread, t.xid) for t in changed], directory, horizon_scn, spark)
+    keys = [(t.thread, t.xid) for t in changed]
+    written = bounded.persist(log.records(transactions=keys), keys, directory, horizon_scn, spark)
     state.open = [dataclasses.replace(t, persisted=written[(t.thread, t.xid)]) if (t.thread, t.xid) in written else t
                   for t in state.open]
     oldest: dict[int, dict] = {}
