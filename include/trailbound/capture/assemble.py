@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from trailbound.capture.logread import LogRead, packed, unpacked
+from trailbound.capture.logread import LogRead, spark_schema, packed, unpacked
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, csn_at_or_below
 
 OPEN, WRITE, SKIP, DONE_EARLIER, ROLLED_BACK, ALREADY_WRITTEN = (
@@ -59,13 +61,82 @@ class Assembly:
     # rba and trans_ind, which the writer adds) with their file_no; in no particular order.
     trail: Callable[[DataFrame], DataFrame]
     transactions: DataFrame   # one row per transaction seen: thread, txid, start, end, fate, ...
-    subtransactions: DataFrame  # per subtransaction: thread, xid, rolled_back_at, last (packed; worth caching)
+    subtransactions: DataFrame  # per subtransaction: thread, txid, xid, rolled_back_at, last (packed positions)
     broken: DataFrame         # non-empty when some record comes after its transaction's end
     violations: Callable[[], DataFrame]  # those records: (thread, sequence, rba, file, message)
     # Per thread read from the log (restored records aside): first and last record
     # (sequence, rba, scn, ts), n records, reread (below read_scn), from_time.
     log_reads: DataFrame
     cached: list[DataFrame]   # what assemble cached: the caller unpersists it after the run
+
+
+# The roll-up of one transaction's summaries (capture.logread.SUMMARIES), and one row
+# per subtransaction (xid set; only thread, txid, xid, rolled_back_at, last_at filled):
+# its start and last record, its end (first top-level COMMIT or ROLLBACK; end_committed:
+# a COMMIT), its record count and text size, what it puts in the trail (the captured
+# records of subtransactions that did not roll back), and what was read of it from the
+# log (restored records aside), for the per-thread read checkpoints.
+_ROLLED_UP = pa.schema([
+    ("thread", pa.int32()), ("txid", pa.string()), ("xid", pa.string()), ("rolled_back_at", pa.int64()),
+    ("start_at", pa.int64()), ("start_scn", pa.int64()), ("start_ts", pa.timestamp("us", "UTC")),
+    ("last_at", pa.int64()),
+    ("end_at", pa.int64()), ("end_scn", pa.int64()), ("end_ts", pa.timestamp("us", "UTC")), ("end_committed", pa.bool_()),
+    ("records", pa.int64()), ("bytes", pa.int64()), ("kept_records", pa.int64()), ("kept_bytes", pa.int64()),
+    ("log_records", pa.int64()), ("log_first_at", pa.int64()), ("log_first_scn", pa.int64()),
+    ("log_first_ts", pa.timestamp("us", "UTC")), ("log_last_at", pa.int64()), ("log_last_scn", pa.int64()),
+    ("log_last_ts", pa.timestamp("us", "UTC")), ("reread", pa.int64()), ("from_time", pa.timestamp("us", "UTC")),
+])
+_TRANSACTION = ["thread", "txid"]
+
+
+def _rolled_up(summaries: pa.Table) -> pa.Table:
+    """_ROLLED_UP rows for every transaction of `summaries` (all the rows of each)."""
+    def first(table: pa.Table, order: str, columns: list[str], names: list[str], how: str = "first") -> pa.Table:
+        table = table.take(pc.sort_indices(table, [(order, "ascending")]))
+        rolled = table.group_by(_TRANSACTION, use_threads=False).aggregate([(c, how) for c in columns])
+        return rolled.rename_columns(_TRANSACTION + names)
+
+    start = ["start_at", "start_scn", "start_ts"]
+    whole = first(summaries, "start_at", start, start)
+    whole = whole.join(summaries.group_by(_TRANSACTION, use_threads=False).aggregate(
+        [("last_at", "max"), ("records", "sum"), ("bytes", "sum")]).rename_columns(
+        _TRANSACTION + ["last_at", "records", "bytes"]), _TRANSACTION)
+    ends = summaries.filter(pc.is_valid(summaries["end_at"]))
+    end = ["end_at", "end_scn", "end_ts", "end_committed"]
+    whole = whole.join(first(ends, "end_at", end, end), _TRANSACTION, join_type="left outer")
+    log = summaries.filter(pc.invert(summaries["restored"]))
+    whole = whole.join(first(log, "start_at", start, ["log_first_at", "log_first_scn", "log_first_ts"]),
+                       _TRANSACTION, join_type="left outer")
+    whole = whole.join(first(log, "last_at", ["last_at", "last_scn", "last_ts"],
+                             ["log_last_at", "log_last_scn", "log_last_ts"], how="last"), _TRANSACTION,
+                       join_type="left outer")
+    whole = whole.join(log.group_by(_TRANSACTION, use_threads=False).aggregate(
+        [("records", "sum"), ("reread", "sum"), ("from_time", "min")]).rename_columns(
+        _TRANSACTION + ["log_records", "reread", "from_time"]), _TRANSACTION, join_type="left outer")
+    # Subtransactions (a parent_xid): the first ROLLBACK (a savepoint's) and the last record.
+    xids = _TRANSACTION + ["xid"]
+    subs = (summaries.filter(pc.not_equal(summaries["xid"], summaries["txid"])).group_by(xids, use_threads=False)
+            .aggregate([("rollback_at", "min"), ("last_at", "max")]).rename_columns(xids + ["rolled_back_at", "last_at"]))
+    rolled_back = subs.filter(pc.is_valid(subs["rolled_back_at"])).select(xids)
+    kept = summaries.join(rolled_back, xids, join_type="left anti") if len(rolled_back) else summaries
+    whole = whole.join(kept.group_by(_TRANSACTION, use_threads=False).aggregate(
+        [("kept_records", "sum"), ("kept_bytes", "sum")]).rename_columns(
+        _TRANSACTION + ["kept_records", "kept_bytes"]), _TRANSACTION, join_type="left outer")
+    for name in ("kept_records", "kept_bytes", "log_records", "reread"):
+        whole = whole.set_column(whole.schema.get_field_index(name), name, pc.fill_null(whole[name], 0))
+    whole = whole.append_column("xid", pa.nulls(len(whole), pa.string()))
+    whole = whole.append_column("rolled_back_at", pa.nulls(len(whole), pa.int64()))
+    both = pa.concat_tables([whole.select(_ROLLED_UP.names).cast(_ROLLED_UP),
+                             subs.select(xids + ["rolled_back_at", "last_at"])], promote_options="default")
+    return both.select(_ROLLED_UP.names).cast(_ROLLED_UP)
+
+
+def _roll_up(batches):
+    """mapInArrow: the partition's transactions (each wholly in it) rolled up."""
+    batches = list(batches)
+    if batches:
+        for batch in _rolled_up(pa.Table.from_batches(batches)).to_batches(max_chunksize=65_536):
+            yield batch
 
 
 def _earliest(prefix: str, *fields: str) -> list:
@@ -85,31 +156,21 @@ def _record(prefix: str):
 
 
 def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: list[str], log_bsn: Scn) -> Assembly:
-    # Per (sub)transaction id, merged from the reading tasks' summaries (capture.logread):
-    # its start, its last record (which must not come after the end), its end (first
-    # top-level COMMIT or ROLLBACK), its first ROLLBACK (a subtransaction's savepoint
-    # rollback), and the size of what it would put in the trail. Everything per
-    # transaction is rolled up from these rows, one per xid (and per restored or read
-    # from the log): a few per transaction, not one per record. Positions are packed
-    # longs, so every aggregate here hashes (a struct's min would sort its input).
-    per_xid = (log.summaries(tables, decisions.read_scn).groupBy("thread", "txid", "xid", "restored")
-               .agg(*_earliest("start", "scn", "ts"), *_latest("last", "scn", "ts"),
-                    *_earliest("end", "scn", "ts", "committed"), F.min("rollback_at").alias("rollback_at"),
-                    *[F.sum(c).alias(c) for c in ("records", "bytes", "kept_records", "kept_bytes", "reread")],
-                    F.min("from_time").alias("from_time"))
-               .cache())
-    is_sub = F.col("xid") != F.col("txid")  # a record with a parent_xid (one naming itself is refused earlier)
+    # The reading tasks' summaries (capture.logread: a few rows per xid), shuffled by
+    # transaction and rolled up with pyarrow: one row per transaction and one per
+    # subtransaction. Everything below works on these rows, never on the records but
+    # for the trail's.
+    rolled_up = (log.summaries(tables, decisions.read_scn).repartition(*_TRANSACTION)
+                 .mapInArrow(_roll_up, spark_schema(_ROLLED_UP)).cache())
     end = F.struct(*unpacked("end_at"), F.col("end_scn").alias("scn"), F.col("end_ts").alias("ts"),
                    F.when(F.col("end_committed"), F.lit("COMMIT")).otherwise(F.lit("ROLLBACK")).alias("op"))
-    txns = (per_xid.groupBy("thread", "txid")
-            .agg(*_earliest("start", "scn", "ts"), F.max("last_at").alias("last_at"),
-                 *_earliest("end", "scn", "ts", "committed"), F.sum("records").alias("records"),
-                 F.sum("bytes").alias("bytes"))
-            .select("thread", "txid", _record("start").alias("start"), F.struct(*unpacked("last_at")).alias("last"),
-                    F.when(F.col("end_at").isNotNull(), end).alias("end"), "records", "bytes"))
+    base = rolled_up.where(F.col("xid").isNull())
+    txns = base.select("thread", "txid", _record("start").alias("start"), F.struct(*unpacked("last_at")).alias("last"),
+                       F.when(F.col("end_at").isNotNull(), end).alias("end"), "records", "bytes", "kept_records",
+                       "kept_bytes")
     # Per subtransaction: its first ROLLBACK and its last record, packed positions.
-    subs = (per_xid.where(is_sub).groupBy("thread", "xid")
-            .agg(F.min("rollback_at").alias("rolled_back_at"), F.max("last_at").alias("last")))
+    subs = rolled_up.where(F.col("xid").isNotNull()).select("thread", "txid", "xid", "rolled_back_at",
+                                                            F.col("last_at").alias("last"))
     skips = spark.createDataFrame(decisions.skips, _SKIPS)
     txns = txns.join(F.broadcast(skips), ["thread", "txid"], "left")
     # FORCETRANS: an open transaction is committed now, at CSN horizon@0:0:k, after every
@@ -149,7 +210,7 @@ def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: li
     # A parent_xid naming a subtransaction would make that subtransaction a transaction
     # of its own that never ends (an open transaction pinning recovery and retention).
     sub_xids = subs.select("thread", F.col("xid").alias("txid"))
-    nested_txids = per_xid.where(is_sub).join(sub_xids, ["thread", "txid"], "left_semi")
+    nested_txids = subs.join(sub_xids, ["thread", "txid"], "left_semi")
 
     def violations() -> DataFrame:
         """The offending records themselves; only computed when a check above fails."""
@@ -171,16 +232,14 @@ def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: li
         return after_end.unionByName(after_rollback).unionByName(nested_parent)
 
     sub_rollbacks = subs.where(F.col("rolled_back_at").isNotNull()).select("thread", "xid")
-    written = txns.where(F.col("fate") == WRITE).select(
+    written = txns.where((F.col("fate") == WRITE) & (F.col("kept_records") > 0)).select(
         "thread", "txid", F.col("end.scn").alias("csn"),
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("thread")).cast("int").alias("csn_thread"),
         F.when(F.col("forced"), F.lit(0)).otherwise(F.col("end.sequence")).alias("csn_sequence"),
-        F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"))
+        F.col("end.rba").alias("csn_rba"), F.col("end.ts").alias("commit_ts"), F.col("kept_records").alias("records"),
+        F.col("kept_bytes").alias("bytes"))
     kept = (log.records(captured=tables, columns=_KEPT_COLUMNS)
             .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti"))
-    sizes = (per_xid.join(F.broadcast(sub_rollbacks), ["thread", "xid"], "left_anti")
-             .groupBy("thread", "txid").agg(F.sum("kept_records").alias("records"), F.sum("kept_bytes").alias("bytes"))
-             .where(F.col("records") > 0))
 
     def trail(planned: DataFrame) -> DataFrame:
         trail_columns = ("csn", "csn_thread", "csn_sequence", "csn_rba", "xid", "commit_ts", "op", "table",
@@ -193,12 +252,13 @@ def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: li
                 .select(*trail_columns, "file_no"))
 
     # Per thread, what the run read from the log (restored records aside): the read checkpoints.
-    log_reads = (per_xid.where(~F.col("restored")).groupBy("thread")
-                 .agg(*_earliest("start", "scn", "ts"), *_latest("last", "scn", "ts"), F.sum("records").alias("n"),
-                      F.sum("reread").alias("reread"), F.min("from_time").alias("from_time"))
-                 .select("thread", "n", "reread", "from_time", _record("start").alias("first"),
-                         _record("last").alias("last")))
-    return Assembly(written=written.join(sizes, ["thread", "txid"]), trail=trail, transactions=txns, subtransactions=subs,
+    log_reads = (base.where(F.col("log_records") > 0).groupBy("thread")
+                 .agg(*_earliest("log_first", "scn", "ts"), *_latest("log_last", "scn", "ts"),
+                      F.sum("log_records").alias("n"), F.sum("reread").alias("reread"),
+                      F.min("from_time").alias("from_time"))
+                 .select("thread", "n", "reread", "from_time", _record("log_first").alias("first"),
+                         _record("log_last").alias("last")))
+    return Assembly(written=written, trail=trail, transactions=txns, subtransactions=subs,
                     broken=broken_txns.select("thread").unionByName(broken_subs.select("thread"))
                     .unionByName(nested_txids.select("thread")), violations=violations, log_reads=log_reads,
-                    cached=[per_xid])
+                    cached=[rolled_up])

@@ -177,7 +177,7 @@ class LogRead:
 
     def _map(self, function: Callable[[Iterator[pa.Table]], Iterator[pa.Table]], schema: pa.Schema) -> DataFrame:
         """`function` over the window's records (and the restored ones), task by task."""
-        spark_schema = _spark_schema(schema)
+        output = spark_schema(schema)
         chunks, window = self._chunks, self.window
 
         def read_chunks(batches):
@@ -194,7 +194,7 @@ class LogRead:
             # enough to broadcast (measured: the trail's join ran out of a 1g heap).
             numbers = self.spark.createDataFrame(
                 self.spark.sparkContext.parallelize([(n,) for n in range(len(chunks))], len(chunks)), "chunk long")
-            frames.append(numbers.mapInArrow(read_chunks, spark_schema))
+            frames.append(numbers.mapInArrow(read_chunks, output))
         if self._jsonl:
             def from_spark(batches):
                 parts = (_in_window(_with_txid(pa.Table.from_batches([b]).cast(_RECORDS_BEFORE_TXID)), False, window)
@@ -202,9 +202,9 @@ class LogRead:
                 for table in function(p for p in parts if len(p)):
                     yield from table.to_batches(max_chunksize=65_536)
             jsonl = reader.read_records(self.spark, self._jsonl).withColumn("restored", F.lit(False))
-            frames.append(jsonl.select(*_RECORDS_BEFORE_TXID.names).mapInArrow(from_spark, spark_schema))
+            frames.append(jsonl.select(*_RECORDS_BEFORE_TXID.names).mapInArrow(from_spark, output))
         if not frames:
-            return self.spark.createDataFrame([], spark_schema)
+            return self.spark.createDataFrame([], output)
         result = frames[0]
         for frame in frames[1:]:
             result = result.unionByName(frame)
@@ -232,7 +232,7 @@ def _chunks(inputs: list[_Input], parallelism: int) -> list[list[_Input]]:
     return chunks
 
 
-def _spark_schema(schema: pa.Schema) -> T.StructType:
+def spark_schema(schema: pa.Schema) -> T.StructType:
     types = {pa.int32(): T.IntegerType(), pa.int64(): T.LongType(), pa.string(): T.StringType(),
              pa.bool_(): T.BooleanType(), pa.timestamp("us", "UTC"): T.TimestampType()}
     return T.StructType([T.StructField(f.name, types[f.type]) for f in schema])

@@ -200,8 +200,7 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
                           forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
                           horizon_scn=horizon_scn, read_time=read_time)
     assembly = assemble(spark, log, decisions, extract.table, log_bsn)
-    txns = assembly.transactions.cache()
-    subs = assembly.subtransactions.cache()  # read by the checks, the sizes and the trail: aggregate once
+    txns = assembly.transactions
     broken = assembly.broken.limit(1).count()
     watch.lap("read and group transactions")
     if broken:
@@ -305,8 +304,6 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
     if not extract.br.brkeepstalefiles:
         bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
                                    {t.persisted.file for t in state.open if t.persisted})
-    txns.unpersist()
-    subs.unpersist()
     for frame in assembly.cached:
         frame.unpersist()
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
