@@ -2,8 +2,8 @@
 
 `*` is any run of characters, `?` one character, everything else literal (names with
 dots, quotes or brackets are safe) and case-sensitive; a pattern matches a whole name.
-One translation, in the two regex dialects the engine needs: Python's `re` (pump filters
-records on the driver) and Java's (capture filters in Spark with `rlike`).
+One translation, to Python's `re`: pump filters records on the driver with it, and
+capture in its Spark tasks (capture.logread).
 `table_spec` is the selection as one comparable text: a capture's BR checkpoint and a
 pump's state record the selection they were made with, and a changed selection is
 noticed by comparing these texts.
@@ -28,16 +28,6 @@ def python_regex(patterns: list[str]) -> re.Pattern:
     def one(pattern: str) -> str:
         return "".join(_wildcard(p) or re.escape(p) for p in _pieces(pattern))
     return re.compile("(?:" + "|".join(one(p) for p in patterns) + ")", re.DOTALL)
-
-
-def java_regex(patterns: list[str]) -> str:
-    """One Java regex, anchored at both ends (Spark's `rlike` searches)."""
-    def quoted(piece: str) -> str:
-        return "\\Q" + piece.replace("\\E", "\\E\\\\E\\Q") + "\\E" if piece else ""
-
-    def one(pattern: str) -> str:
-        return "".join(_wildcard(p) or quoted(p) for p in _pieces(pattern))
-    return "^(?:" + "|".join(one(p) for p in patterns) + ")$"
 
 
 def table_spec(patterns: list[str] | None) -> str | None:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -57,9 +57,10 @@ class Assembly:
     # The transactions to write that have records for the trail: thread, txid, the CSN
     # columns, commit_ts, records, bytes (their size as trail.format counts it).
     written: DataFrame
-    # Given `written` with a file_no per transaction, the trail records (every column but
-    # rba and trans_ind, which the writer adds) with their file_no; in no particular order.
-    trail: Callable[[DataFrame], DataFrame]
+    # Given a column of a written transaction's file number (from its CSN), the trail
+    # records (every column but rba and trans_ind, which the writer adds) with their
+    # file_no; in no particular order.
+    trail: Callable[[Column], DataFrame]
     transactions: DataFrame   # one row per transaction seen: thread, txid, start, end, fate, ...
     subtransactions: DataFrame  # per subtransaction: thread, txid, xid, rolled_back_at, last (packed positions)
     broken: DataFrame         # non-empty when some record comes after its transaction's end
@@ -80,7 +81,8 @@ _ROLLED_UP = pa.schema([
     ("thread", pa.int32()), ("txid", pa.string()), ("xid", pa.string()), ("rolled_back_at", pa.int64()),
     ("start_at", pa.int64()), ("start_scn", pa.int64()), ("start_ts", pa.timestamp("us", "UTC")),
     ("last_at", pa.int64()),
-    ("end_at", pa.int64()), ("end_scn", pa.int64()), ("end_ts", pa.timestamp("us", "UTC")), ("end_committed", pa.bool_()),
+    ("end_at", pa.int64()), ("end_scn", pa.int64()), ("end_ts", pa.timestamp("us", "UTC")),
+    ("end_committed", pa.bool_()),
     ("records", pa.int64()), ("bytes", pa.int64()), ("kept_records", pa.int64()), ("kept_bytes", pa.int64()),
     ("log_records", pa.int64()), ("log_first_at", pa.int64()), ("log_first_scn", pa.int64()),
     ("log_first_ts", pa.timestamp("us", "UTC")), ("log_last_at", pa.int64()), ("log_last_scn", pa.int64()),
@@ -116,7 +118,8 @@ def _rolled_up(summaries: pa.Table) -> pa.Table:
     # Subtransactions (a parent_xid): the first ROLLBACK (a savepoint's) and the last record.
     xids = _TRANSACTION + ["xid"]
     subs = (summaries.filter(pc.not_equal(summaries["xid"], summaries["txid"])).group_by(xids, use_threads=False)
-            .aggregate([("rollback_at", "min"), ("last_at", "max")]).rename_columns(xids + ["rolled_back_at", "last_at"]))
+            .aggregate([("rollback_at", "min"), ("last_at", "max")])
+            .rename_columns(xids + ["rolled_back_at", "last_at"]))
     rolled_back = subs.filter(pc.is_valid(subs["rolled_back_at"])).select(xids)
     kept = summaries.join(rolled_back, xids, join_type="left anti") if len(rolled_back) else summaries
     whole = whole.join(kept.group_by(_TRANSACTION, use_threads=False).aggregate(
@@ -241,10 +244,13 @@ def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: li
     kept = (log.records(captured=tables, columns=_KEPT_COLUMNS)
             .join(F.broadcast(sub_rollbacks.select("thread", "xid")), ["thread", "xid"], "left_anti"))
 
-    def trail(planned: DataFrame) -> DataFrame:
+    def trail(file_number: Column) -> DataFrame:
         trail_columns = ("csn", "csn_thread", "csn_sequence", "csn_rba", "xid", "commit_ts", "op", "table",
                          "before", "after", "src_thread", "src_sequence", "src_rba", "src_scn", "log_bsn")
-        return (kept.join(planned.select("thread", "txid", *CSN_COLUMNS, "commit_ts", "file_no"), ["thread", "txid"])
+        planned = written.select("thread", "txid", *CSN_COLUMNS, "commit_ts", file_number.alias("file_no"))
+        # A hash join on the transactions' side: a sort-merge join would sort the records
+        # by transaction only for the writer to sort them again by file and commit order.
+        return (kept.join(planned.hint("shuffle_hash"), ["thread", "txid"])
                 .select(*CSN_COLUMNS, F.col("txid").alias("xid"), "commit_ts", "op", "table", "before", "after",
                         F.col("thread").cast("int").alias("src_thread"), F.col("sequence").alias("src_sequence"),
                         F.col("rba").alias("src_rba"), F.col("scn").alias("src_scn"),

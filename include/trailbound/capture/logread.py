@@ -9,7 +9,7 @@ the pass needs:
 
 - `summaries()`: per (thread, top-level xid, xid, restored), the aggregates assembly
   rolls up (first and last record, the end, the first ROLLBACK, counts and sizes),
-  computed in the task: a row per transaction crosses into the JVM, not every record;
+  computed in the task: a row per xid and task crosses into the JVM, not every record;
 - `records()`: the records themselves: all of them, only the captured tables' changes
   (the trail), or only some transactions' (Bounded Recovery persists them).
 
@@ -47,18 +47,18 @@ RECORDS = pa.schema([
     ("table", pa.string()), ("before", pa.string()), ("after", pa.string()), ("file", pa.string()),
     ("txid", pa.string()), ("restored", pa.bool_()),
 ])
-_SEGMENT_FIELDS = [f for f in RECORDS if f.name in contract.RECORD_FIELDS]
 
 # Per (thread, txid, xid, restored) and task: the first and last record (position, scn,
 # time), the first top-level COMMIT/ROLLBACK (end_committed: a COMMIT), the first
 # ROLLBACK (a savepoint's), the record count and text size, the captured records and
 # their trail size, the records below the previous run's read SCN, the earliest time.
-# Positions are packed (`packed`) so that Spark merges the tasks' rows by hashing.
+# Positions are packed (`packed`): one long per position, ordered as the position is.
 SUMMARIES = pa.schema([
     ("thread", pa.int32()), ("txid", pa.string()), ("xid", pa.string()), ("restored", pa.bool_()),
     ("start_at", pa.int64()), ("start_scn", pa.int64()), ("start_ts", pa.timestamp("us", "UTC")),
     ("last_at", pa.int64()), ("last_scn", pa.int64()), ("last_ts", pa.timestamp("us", "UTC")),
-    ("end_at", pa.int64()), ("end_scn", pa.int64()), ("end_ts", pa.timestamp("us", "UTC")), ("end_committed", pa.bool_()),
+    ("end_at", pa.int64()), ("end_scn", pa.int64()), ("end_ts", pa.timestamp("us", "UTC")),
+    ("end_committed", pa.bool_()),
     ("rollback_at", pa.int64()),
     ("records", pa.int64()), ("bytes", pa.int64()), ("kept_records", pa.int64()), ("kept_bytes", pa.int64()),
     ("reread", pa.int64()), ("from_time", pa.timestamp("us", "UTC")),
@@ -80,8 +80,10 @@ def unpacked(column: str) -> list:
             F.col(column).bitwiseAND(2**RBA_BITS - 1).alias("rba")]
 
 
-# Records a task reads before handing them on; about 60 MB of narrow rows in a summary task.
+# Records a task reads (about 60 MB of narrow rows in a summary task), and how many it
+# reads before working on them.
 _RECORDS_PER_TASK = 500_000
+_RECORDS_PER_PART = 100_000
 
 
 @dataclass(frozen=True)
@@ -97,20 +99,22 @@ class ReadWindow:
     held: dict[tuple[int, str], LogPosition] = field(default_factory=dict)
 
     def keep(self, table: pa.Table) -> pa.Array:
-        """A mask over `table` (log records, txid set): the records in the window."""
+        """A mask over `table` (records, txid set): the records in the window, and every
+        restored one."""
         keep = pc.less(table["scn"], self.horizon_scn.value)
         if self.from_scn is not None:
             inside = pc.greater_equal(table["scn"], self.from_scn.value)
             for thread, at in self.starts.items():
+                same_sequence = pc.equal(table["sequence"], at.sequence)
                 later = pc.or_(pc.greater(table["sequence"], at.sequence),
-                               pc.and_(pc.equal(table["sequence"], at.sequence), pc.greater_equal(table["rba"], at.rba)))
+                               pc.and_(same_sequence, pc.greater_equal(table["rba"], at.rba)))
                 inside = pc.or_(inside, pc.and_(pc.equal(table["thread"], thread), later))
             keep = pc.and_(keep, inside)
         if self.held:
             candidates = pc.is_in(table["txid"], value_set=pa.array(sorted({x for _, x in self.held}), pa.string()))
             if pc.any(candidates).as_py():
                 keep = pc.and_(keep, pc.invert(self._held_by_a_file(table, candidates)))
-        return keep
+        return pc.or_(keep, table["restored"])
 
     def _held_by_a_file(self, table: pa.Table, candidates: pa.Array) -> pa.Array:
         held = [False] * len(table)
@@ -144,18 +148,23 @@ class LogRead:
                   for s in sorted(segments, key=lambda s: (s.thread, s.sequence))
                   if s.format == "parquet" and s.records > 0]
         inputs += [_Input(str(path), 0, 0, 1, True) for path in restored_files]
-        self._chunks = _chunks(inputs, max(spark.sparkContext.defaultParallelism, 1))
+        self._inputs = inputs
 
     def summaries(self, tables: list[str], read_scn: Scn | None) -> DataFrame:
         """Per (thread, txid, xid, restored), possibly several rows (one per task): SUMMARIES."""
         below = read_scn.value if read_scn is not None else None
-        return self._map(lambda parts: _summarize(parts, tables, below), SUMMARIES)
+        return self._map(lambda parts: _summarize(parts, tables, below), SUMMARIES, self._inputs)
 
     def records(self, *, captured: list[str] | None = None, transactions: Iterable[tuple[int, str]] | None = None,
-                columns: Sequence[str] | None = None) -> DataFrame:
+                starts: dict[int, LogPosition] | None = None, columns: Sequence[str] | None = None) -> DataFrame:
         """The records (RECORDS, or `columns` of it): only the DML of the `captured` table
-        patterns, or only those of the `transactions` (thread, txid)."""
+        patterns, or only those of the `transactions` (thread, txid). With `starts` (per
+        thread, the earliest start of those transactions) no other segment is read."""
         wanted = None if transactions is None else sorted(set(transactions))
+        inputs = self._inputs
+        if starts is not None:
+            inputs = [i for i in inputs
+                      if i.restored or (i.thread in starts and i.sequence >= starts[i.thread].sequence)]
         names = list(columns or RECORDS.names)
         schema = pa.schema([RECORDS.field(n) for n in names])
 
@@ -173,17 +182,20 @@ class LogRead:
                         part = part.filter(pa.array([pair in keys for pair in pairs], pa.bool_()))
                 if len(part):
                     yield part.select(names)
-        return self._map(select, schema)
+        jsonl = starts is None or any(s.thread in starts for s in self._jsonl)
+        return self._map(select, schema, inputs, read_jsonl=jsonl)
 
-    def _map(self, function: Callable[[Iterator[pa.Table]], Iterator[pa.Table]], schema: pa.Schema) -> DataFrame:
-        """`function` over the window's records (and the restored ones), task by task."""
+    def _map(self, function: Callable[[Iterator[pa.Table]], Iterator[pa.Table]], schema: pa.Schema,
+             inputs: list[_Input], read_jsonl: bool = True) -> DataFrame:
+        """`function` over the window's records of `inputs` (and of the JSON Lines
+        segments), task by task."""
         output = spark_schema(schema)
-        chunks, window = self._chunks, self.window
+        chunks, window = _chunks(inputs, max(self.spark.sparkContext.defaultParallelism, 1)), self.window
 
         def read_chunks(batches):
             for batch in batches:
                 for number in batch.column(0).to_pylist():
-                    parts = (_read(item, window) for item in chunks[number])
+                    parts = _read_parts(chunks[number], window)
                     for table in function(p for p in parts if len(p)):
                         yield from table.to_batches(max_chunksize=65_536)
 
@@ -195,10 +207,9 @@ class LogRead:
             numbers = self.spark.createDataFrame(
                 self.spark.sparkContext.parallelize([(n,) for n in range(len(chunks))], len(chunks)), "chunk long")
             frames.append(numbers.mapInArrow(read_chunks, output))
-        if self._jsonl:
+        if self._jsonl and read_jsonl:
             def from_spark(batches):
-                parts = (_in_window(_with_txid(pa.Table.from_batches([b]).cast(_RECORDS_BEFORE_TXID)), False, window)
-                         for b in batches)
+                parts = (_prepared([pa.Table.from_batches([b]).cast(_RECORDS_BEFORE_TXID)], window) for b in batches)
                 for table in function(p for p in parts if len(p)):
                     yield from table.to_batches(max_chunksize=65_536)
             jsonl = reader.read_records(self.spark, self._jsonl).withColumn("restored", F.lit(False))
@@ -238,41 +249,58 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
     return T.StructType([T.StructField(f.name, types[f.type]) for f in schema])
 
 
-def _read(item: _Input, window: ReadWindow) -> pa.Table:
-    """One file's records in the window (a persisted object's: all of them)."""
+def _read_parts(chunk: list[_Input], window: ReadWindow) -> Iterator[pa.Table]:
+    """A chunk's records in the window (a persisted object's: all of them), a few files
+    at a time: each file costs a read, and everything else is done once per part (the
+    files are small; per-file compute calls took longer than the reads)."""
+    pending, count = [], 0
+    for item in chunk:
+        pending.append(_read_file(item))
+        count += item.records
+        if count >= _RECORDS_PER_PART:
+            yield _prepared(pending, window)
+            pending, count = [], 0
+    if pending:
+        yield _prepared(pending, window)
+
+
+def _read_file(item: _Input) -> pa.Table:
+    """One file's records as _RECORDS_BEFORE_TXID."""
     import pyarrow.parquet as pq
 
     try:
         if item.restored:
-            table = pq.read_table(item.path).select(reader.RECORD_COLUMNS)
-            table = _cast(table, [f for f in _RECORDS_BEFORE_TXID if f.name != "restored"])
-            table = table.append_column("restored", pa.repeat(True, len(table)))
-        else:
-            table = _cast(pq.read_table(item.path, columns=list(contract.RECORD_FIELDS)), _SEGMENT_FIELDS)
-            n = len(table)
-            table = pa.table({"thread": pa.repeat(pa.scalar(item.thread, pa.int32()), n),
-                              "sequence": pa.repeat(pa.scalar(item.sequence, pa.int64()), n),
-                              **{name: table[name] for name in contract.RECORD_FIELDS},
-                              "file": pa.repeat(Path(item.path).name, n), "restored": pa.repeat(False, n)})
+            table = _cast(pq.ParquetFile(item.path).read(columns=reader.RECORD_COLUMNS, use_threads=False),
+                          _RECORDS_BEFORE_TXID.names[:-1])
+            return table.append_column("restored", pa.repeat(True, len(table)))
+        table = _cast(pq.ParquetFile(item.path).read(columns=list(contract.RECORD_FIELDS), use_threads=False),
+                      contract.RECORD_FIELDS)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise ArchiveError(Path(item.path), f"cannot read it: {exc}") from None
-    return _in_window(_with_txid(table.select(_RECORDS_BEFORE_TXID.names)), item.restored, window)
+    n = len(table)
+    return pa.Table.from_arrays(
+        [pa.repeat(pa.scalar(item.thread, pa.int32()), n), pa.repeat(pa.scalar(item.sequence, pa.int64()), n),
+         *table.columns, pa.repeat(Path(item.path).name, n), pa.repeat(False, n)], schema=_RECORDS_BEFORE_TXID)
 
 
-def _cast(table: pa.Table, fields: list[pa.Field]) -> pa.Table:
-    """The columns as `fields` says (another writer's int32 or nanoseconds are widened or
-    truncated as Spark's reader would)."""
-    return pa.table({f.name: table[f.name].cast(f.type, safe=f.type != RECORDS.field("ts").type)
-                     for f in fields}).select([f.name for f in fields])
+def _cast(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """The columns `names` in RECORDS' types (another writer's int32 or nanoseconds are
+    widened or truncated as Spark's reader would)."""
+    table = table.select(list(names))
+    wanted = pa.schema([RECORDS.field(n) for n in names])
+    if table.schema.equals(wanted):
+        return table
+    return pa.table({f.name: table[f.name].cast(f.type, safe=f.name != "ts") for f in wanted})
+
+
+def _prepared(tables: list[pa.Table], window: ReadWindow) -> pa.Table:
+    table = _with_txid(pa.concat_tables(tables))
+    return table.filter(window.keep(table))
 
 
 def _with_txid(table: pa.Table) -> pa.Table:
     txid = pc.coalesce(table["parent_xid"], table["xid"])
     return table.add_column(RECORDS.get_field_index("txid"), "txid", txid)
-
-
-def _in_window(table: pa.Table, restored: bool, window: ReadWindow) -> pa.Table:
-    return table if restored else table.filter(window.keep(table))
 
 
 def _captured_matcher(patterns: list[str]) -> Callable[[pa.Table], pa.Array]:
@@ -283,7 +311,8 @@ def _captured_matcher(patterns: list[str]) -> Callable[[pa.Table], pa.Array]:
 
     def matches(table: pa.Table) -> pa.Array:
         names = [n for n in pc.unique(table["table"]).to_pylist() if n is not None and pattern.fullmatch(n)]
-        return pc.and_(pc.is_in(table["op"], value_set=dml), pc.is_in(table["table"], value_set=pa.array(names, pa.string())))
+        return pc.and_(pc.is_in(table["op"], value_set=dml),
+                       pc.is_in(table["table"], value_set=pa.array(names, pa.string())))
     return matches
 
 

@@ -210,13 +210,12 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
 
     prefix = state.exttrail
     _remove_uncommitted_files(store, prefix, state.write.position.seqno)
-    planned = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024)).cache()
-    expected = trailwrite.expected_files(planned)
+    expected = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024))
     watch.lap("plan trail files (Spark)")
     crashpoint("before_trail_write")
-    files = trailwrite.write_files(spark, assembly.trail(planned), expected, prefix, state.write.position.seqno + 1,
-                                   group=state.group, log_bsn=log_bsn.value)
-    planned.unpersist()
+    files = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
+                                   expected, prefix, state.write.position.seqno + 1, group=state.group,
+                                   log_bsn=log_bsn.value)
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 
@@ -339,7 +338,12 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, log: LogRead, ho
     changed = [t for t in eligible if t.persisted is None or t.persisted.records != t.records]
     directory = bounded.group_directory(config.path(extract.br.brdir), state.group)
     keys = [(t.thread, t.xid) for t in changed]
-    written = bounded.persist(log.records(transactions=keys), keys, directory, horizon_scn, spark)
+    starts: dict[int, LogPosition] = {}
+    for txn in changed:  # their records lie at and after their starts (or in their restored files)
+        known = starts.get(txn.thread)
+        starts[txn.thread] = txn.start.position if known is None else min(known, txn.start.position,
+                                                                          key=lambda p: (p.sequence, p.rba))
+    written = bounded.persist(log.records(transactions=keys, starts=starts), keys, directory, horizon_scn, spark)
     state.open = [dataclasses.replace(t, persisted=written[(t.thread, t.xid)]) if (t.thread, t.xid) in written else t
                   for t in state.open]
     oldest: dict[int, dict] = {}

@@ -3,10 +3,11 @@
 The records never pass through the driver:
 
 1. Plan. The transactions to write, in commit order, are cut into files by their sizes
-   (`trail.format.plan_rollover`) in one Spark task that sees only per-transaction
-   metadata (ids, CSN, record count, bytes). File k of the run becomes trail seqno
-   first + k: the files depend on the records alone, not on how many tasks write them or
-   where those run.
+   (`trail.format.plan_rollover`) in one Spark task that sees only their CSNs, record
+   counts and sizes, and returns a row per file (its first and last CSN, its record
+   count). File k of the run becomes trail seqno first + k: the files depend on the
+   records alone, not on how many tasks write them or where those run. A transaction's
+   file is then found from its CSN (`file_number`).
 2. Write. The records, partitioned by file and sorted in commit order inside each
    partition, are written by the tasks, each file whole (`trail.format.write_planned_files`:
    rbas, transaction indicators, footer, content digest, atomic rename). The driver
@@ -29,35 +30,59 @@ from pyspark.sql import functions as F
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.positions import CSN_COLUMNS, Csn
+from trailbound.positions import CSN_COLUMNS, Csn, csn_at_or_below
 from trailbound.trail import format as trails
 from trailbound import files as trailfs
 
-_PLANNED = pa.schema([("thread", pa.int32()), ("txid", pa.string()), ("csn", pa.int64()), ("csn_thread", pa.int32()),
-                      ("csn_sequence", pa.int64()), ("csn_rba", pa.int64()), ("commit_ts", pa.timestamp("us", "UTC")),
-                      ("records", pa.int64()), ("bytes", pa.int64()), ("file_no", pa.int64())])
+_FILES = pa.schema([("file_no", pa.int64()), ("records", pa.int64())]
+                   + [(f"first_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS]
+                   + [(f"last_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS])
 _WRITTEN = pa.schema([("file_no", pa.int64()), ("path", pa.string()), ("records", pa.int64()), ("bytes", pa.int64()),
                       ("sha256", pa.string()), ("first_csn", pa.string()), ("last_csn", pa.string())])
 
 
 def _ddl(schema: pa.Schema) -> str:
-    spark_types = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.timestamp("us", "UTC"): "timestamp"}
+    spark_types = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}
     return ", ".join(f"{f.name} {spark_types[f.type]}" for f in schema)
 
 
-def plan_files(written: DataFrame, max_bytes: int) -> DataFrame:
-    """`written` (one row per transaction: thread, txid, CSN columns, commit_ts, records,
-    bytes) with the file number each transaction goes to."""
+def plan_files(written: DataFrame, max_bytes: int) -> dict[int, dict]:
+    """The files of `written` (one row per transaction: CSN columns, records, bytes): per
+    file number, its record count and its first and last CSN."""
 
     def plan(batches):
-        table = pa.Table.from_batches(list(batches)).combine_chunks()
-        numbers = trails.plan_rollover(table.column("bytes").to_numpy(), max_bytes)
-        table = table.append_column("file_no", pa.array(numbers, pa.int64()))
-        yield from table.select(_PLANNED.names).cast(_PLANNED).to_batches()
+        import pyarrow.compute as pc
 
-    # One partition, in commit order: the rollover is a running sum over all of them.
-    return (written.select(*_PLANNED.names[:-1]).repartition(1).sortWithinPartitions(*CSN_COLUMNS)
-            .mapInArrow(_empty_safe(plan), _ddl(_PLANNED)))
+        table = pa.Table.from_batches(list(batches))
+        table = table.take(pc.sort_indices(table, [(c, "ascending") for c in CSN_COLUMNS]))
+        numbers = pa.array(trails.plan_rollover(table.column("bytes").to_numpy(), max_bytes), pa.int64())
+        table = table.append_column("file_no", numbers)
+        files = table.group_by("file_no", use_threads=False).aggregate(
+            [("records", "sum")] + [(c, "first") for c in CSN_COLUMNS] + [(c, "last") for c in CSN_COLUMNS])
+        yield from files.rename_columns(_FILES.names).cast(_FILES).to_batches()
+
+    # One partition: the rollover is a running sum over all of them in commit order (the
+    # task sorts them itself, faster than Spark's sort of the same rows into one task).
+    rows = (written.select(*CSN_COLUMNS, "records", "bytes").repartition(1)
+            .mapInArrow(_empty_safe(plan), _ddl(_FILES)).collect())
+    return {row["file_no"]: {"records": row["records"],
+                             "first_csn": Csn(*(row[f"first_{c}"] for c in CSN_COLUMNS)),
+                             "last_csn": Csn(*(row[f"last_{c}"] for c in CSN_COLUMNS))} for row in rows}
+
+
+def file_number(expected: dict[int, dict]):
+    """A Spark column: the file number of a transaction to write, from its CSN columns
+    (a binary search over the files' last CSNs, written out as nested conditions)."""
+    numbers = sorted(expected)
+    columns = [F.col(c) for c in CSN_COLUMNS]
+
+    def search(low: int, high: int):
+        if low == high:
+            return F.lit(numbers[low]).cast("long")
+        middle = (low + high) // 2
+        return F.when(csn_at_or_below(columns, expected[numbers[middle]]["last_csn"]), search(low, middle)) \
+            .otherwise(search(middle + 1, high))
+    return search(0, len(numbers) - 1)
 
 
 def _empty_safe(function):
@@ -137,13 +162,3 @@ def verify(rows, expected: dict[int, dict], first_seqno: int, log_bsn: int, spar
         extra = ", ".join(str(r["path"]) for r in reported.values())
         raise TrailboundError(f"Spark tasks wrote trail files the plan does not have: {extra}")
     return files
-
-
-def expected_files(planned: DataFrame) -> dict[int, dict]:
-    """The plan per file number: records, first and last CSN (a few rows per file)."""
-    key = F.struct(*CSN_COLUMNS)
-    rows = (planned.groupBy("file_no")
-            .agg(F.sum("records").alias("records"), F.min(key).alias("first"), F.max(key).alias("last"))
-            .collect())
-    return {row["file_no"]: {"records": row["records"], "first_csn": Csn(*row["first"]),
-                             "last_csn": Csn(*row["last"])} for row in rows}
