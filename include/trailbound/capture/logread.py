@@ -167,6 +167,7 @@ class LogRead:
                       if i.restored or (i.thread in starts and i.sequence >= starts[i.thread].sequence)]
         names = list(columns or RECORDS.names)
         schema = pa.schema([RECORDS.field(n) for n in names])
+        txids = None if wanted is None else pa.array(sorted({x for _, x in wanted}), pa.string())
 
         def select(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
             matches = _captured_matcher(captured) if captured is not None else None
@@ -175,18 +176,17 @@ class LogRead:
                 if matches is not None:
                     part = part.filter(matches(part))
                 if keys is not None:
-                    candidates = pc.is_in(part["txid"], value_set=pa.array(sorted({x for _, x in keys}), pa.string()))
-                    part = part.filter(candidates)
+                    part = part.filter(pc.is_in(part["txid"], value_set=txids))
                     if len(part):
                         pairs = zip(part["thread"].to_pylist(), part["txid"].to_pylist())
                         part = part.filter(pa.array([pair in keys for pair in pairs], pa.bool_()))
                 if len(part):
                     yield part.select(names)
         jsonl = starts is None or any(s.thread in starts for s in self._jsonl)
-        return self._map(select, schema, inputs, read_jsonl=jsonl)
+        return self._map(select, schema, inputs, read_jsonl=jsonl, txids=txids)
 
     def _map(self, function: Callable[[Iterator[pa.Table]], Iterator[pa.Table]], schema: pa.Schema,
-             inputs: list[_Input], read_jsonl: bool = True) -> DataFrame:
+             inputs: list[_Input], read_jsonl: bool = True, txids: pa.Array | None = None) -> DataFrame:
         """`function` over the window's records of `inputs` (and of the JSON Lines
         segments), task by task."""
         output = spark_schema(schema)
@@ -195,7 +195,7 @@ class LogRead:
         def read_chunks(batches):
             for batch in batches:
                 for number in batch.column(0).to_pylist():
-                    parts = _read_parts(chunks[number], window)
+                    parts = _read_parts(chunks[number], window, txids)
                     for table in function(p for p in parts if len(p)):
                         yield from table.to_batches(max_chunksize=65_536)
 
@@ -249,12 +249,15 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
     return T.StructType([T.StructField(f.name, types[f.type]) for f in schema])
 
 
-def _read_parts(chunk: list[_Input], window: ReadWindow) -> Iterator[pa.Table]:
+def _read_parts(chunk: list[_Input], window: ReadWindow, txids: pa.Array | None = None) -> Iterator[pa.Table]:
     """A chunk's records in the window (a persisted object's: all of them), a few files
     at a time: each file costs a read, and everything else is done once per part (the
-    files are small; per-file compute calls took longer than the reads)."""
+    files are small; per-file compute calls took longer than the reads). With `txids`,
+    a segment none of whose records belongs to one of them is read no further."""
     pending, count = [], 0
     for item in chunk:
+        if txids is not None and not item.restored and not _holds_any(item, txids):
+            continue
         pending.append(_read_file(item))
         count += item.records
         if count >= _RECORDS_PER_PART:
@@ -262,6 +265,17 @@ def _read_parts(chunk: list[_Input], window: ReadWindow) -> Iterator[pa.Table]:
             pending, count = [], 0
     if pending:
         yield _prepared(pending, window)
+
+
+def _holds_any(item: _Input, txids: pa.Array) -> bool:
+    """Whether a segment has a record of one of `txids` (its two id columns read alone)."""
+    import pyarrow.parquet as pq
+
+    try:
+        ids = pq.ParquetFile(item.path).read(columns=["xid", "parent_xid"], use_threads=False)
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise ArchiveError(Path(item.path), f"cannot read it: {exc}") from None
+    return pc.any(pc.is_in(pc.coalesce(ids["parent_xid"], ids["xid"]), value_set=txids)).as_py() is True
 
 
 def _read_file(item: _Input) -> pa.Table:
