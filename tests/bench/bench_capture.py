@@ -196,7 +196,7 @@ def one_run(records: int, master: str, driver_memory: str | None, compare_scan: 
             "trail_files": len(result.files), "phases": result.timings,
             "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "jvm_peak_rss_mb": jvm_peak, "digest": trail_digest(work / "dirdat" / "lt"),
-            "at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"}
+            "at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "load_average": os.getloadavg()[0]}
 
 
 def _free_port() -> int:
@@ -359,6 +359,16 @@ def report(results: list[dict], args) -> None:
                + " ".join(map(str, args.records)) + " --masters " + " ".join(args.masters)
                + f" --driver-memory {args.driver_memory}")
     _plot(by_size)
+    # A load average past the CPU count at the end of a run: other jobs shared the machine.
+    loads = [r["load_average"] for r in results if "load_average" in r]
+    if not loads:
+        conditions = "The load average was not recorded."
+    elif max(loads) > (os.cpu_count() or 1):
+        conditions = (f"**The machine was shared** with other jobs (load average up to {max(loads):.1f} on "
+                      f"{os.cpu_count()} CPUs): absolute times are inflated and noisy; the ratios compare "
+                      "contenders measured back to back in one process.")
+    else:
+        conditions = f"Nothing else ran on the machine (load average at most {max(loads):.1f})."
     text = RESULTS.read_text() if RESULTS.exists() else ""
     before = text[text.index("## Before"):] if "## Before" in text else ""
     RESULTS.write_text(f"""# Capture benchmark
@@ -374,10 +384,7 @@ Command, from the repository root (`make bench` runs it with the throwaway Postg
     {command}
 
 Measured {largest['at']}, {os.cpu_count()} CPUs, {platform.platform()}, Python
-{platform.python_version()}. **The machine was shared** with four other sessions running
-tests and benchmarks at the same time (load average well above the 2 CPUs): absolute
-times are inflated and noisy; the ratios compare contenders measured back to back in
-one process.
+{platform.python_version()}. {conditions}
 
 | records | master | plain read+sort+write | capture run | capture / plain | archive scan | trail files | peak RSS driver / JVM | trail digest (records, files) |
 |---|---|---|---|---|---|---|---|---|
