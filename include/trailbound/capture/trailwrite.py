@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from trailbound.capture.logread import spark_schema
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
 from trailbound.positions import CSN_COLUMNS, Csn, csn_at_or_below
@@ -39,11 +40,6 @@ _FILES = pa.schema([("file_no", pa.int64()), ("records", pa.int64())]
                    + [(f"last_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS])
 _WRITTEN = pa.schema([("file_no", pa.int64()), ("path", pa.string()), ("records", pa.int64()), ("bytes", pa.int64()),
                       ("sha256", pa.string()), ("first_csn", pa.string()), ("last_csn", pa.string())])
-
-
-def _ddl(schema: pa.Schema) -> str:
-    spark_types = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}
-    return ", ".join(f"{f.name} {spark_types[f.type]}" for f in schema)
 
 
 def plan_files(written: DataFrame, max_bytes: int) -> dict[int, dict]:
@@ -64,7 +60,7 @@ def plan_files(written: DataFrame, max_bytes: int) -> dict[int, dict]:
     # One partition: the rollover is a running sum over all of them in commit order (the
     # task sorts them itself, faster than Spark's sort of the same rows into one task).
     rows = (written.select(*CSN_COLUMNS, "records", "bytes").repartition(1)
-            .mapInArrow(_empty_safe(plan), _ddl(_FILES)).collect())
+            .mapInArrow(_empty_safe(plan), spark_schema(_FILES)).collect())
     return {row["file_no"]: {"records": row["records"],
                              "first_csn": Csn(*(row[f"first_{c}"] for c in CSN_COLUMNS)),
                              "last_csn": Csn(*(row[f"last_{c}"] for c in CSN_COLUMNS))} for row in rows}
@@ -117,7 +113,7 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
         # Hash partitioning by file: no sampling pass (a range partitioner would compute
         # the records twice), and any partitioning keeps each file in one task.
         rows = (trail.repartition(tasks, "file_no").sortWithinPartitions("file_no", *trails.TRAIL_ORDER)
-                .mapInArrow(write, _ddl(_WRITTEN)).collect())
+                .mapInArrow(write, spark_schema(_WRITTEN)).collect())
     finally:
         crashpoint("mid_trail_write")  # files written (some or all), none verified or committed
     return verify(rows, expected, first_seqno, log_bsn, spark)
