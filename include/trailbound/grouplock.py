@@ -16,6 +16,10 @@ from trailbound.metadata import MetadataStore
 NOUNS = {"extract": "capture", "pump": "pump", "replicat": "replicat"}
 
 
+# How long a run waits for its group before it is refused as held by another process.
+CRASH_GRACE = "5s"
+
+
 class GroupBusy(TrailboundError):
     pass
 
@@ -26,11 +30,12 @@ def lock_key(kind: str, group: str) -> str:
 
 class GroupLock:
     """Holds `kind` group `group` while in the `with` block, or raises GroupBusy.
-    `wait` (a PostgreSQL interval, e.g. "5s") waits that long for the lock: the server
-    frees a killed process's lock only once it notices the connection is gone, and a
-    retry right after a crash should not be refused for that."""
+    It waits `wait` (a PostgreSQL interval) for the lock first: the server frees a killed
+    process's lock only once its backend has noticed the connection is gone, and a rerun
+    right after a kill -9 must not be refused for that (seen on a loaded CI machine).
+    `wait=None` refuses at once."""
 
-    def __init__(self, store: MetadataStore, kind: str, group: str, *, wait: str | None = None):
+    def __init__(self, store: MetadataStore, kind: str, group: str, *, wait: str | None = CRASH_GRACE):
         self.store, self.kind, self.group, self.wait = store, kind, group.upper(), wait
         self.key = lock_key(kind, group)
 

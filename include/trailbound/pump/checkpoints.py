@@ -23,10 +23,8 @@ READER_KIND = "pump"
 
 
 def pump_lock(store: MetadataStore, group: str) -> GroupLock:
-    """Holds the pump group for a whole run; `delete pump` takes it too. It waits a few
-    seconds: a retry right after a crash should not be refused while the server has not
-    yet noticed the dead process's connection."""
-    return GroupLock(store, "pump", group, wait="5s")
+    """Holds the pump group for a whole run; `delete pump` takes it too."""
+    return GroupLock(store, "pump", group)
 
 
 @dataclass(frozen=True)
