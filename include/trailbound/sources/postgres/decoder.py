@@ -17,6 +17,9 @@ from trailbound.sources.postgres.lsn import Lsn
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INT16, _INT32 = struct.Struct("!h"), struct.Struct("!i")
+_OID, _XID_OID = struct.Struct("!I"), struct.Struct("!II")
+_TEXT, _BINARY, _NULL, _UNCHANGED_TOAST = 0x74, 0x62, 0x6E, 0x75  # 't', 'b', 'n', 'u'
+_NEW, _OLD_KEY, _OLD_ROW = 0x4E, 0x4B, 0x4F                       # 'N', 'K', 'O'
 
 
 class DecodeError(ValueError):
@@ -165,9 +168,42 @@ DecodedMessage = (Begin | Commit | Origin | Relation | Type | Insert | Update | 
                   | StreamStart | StreamStop | StreamCommit | StreamAbort)
 
 
+_ROW_CHANGES = frozenset(b"IUD")
+
+
 def pg_time(micros: int) -> datetime:
     """A protocol timestamp (microseconds since 2000-01-01 UTC) as an aware datetime."""
     return PG_EPOCH + timedelta(microseconds=micros)
+
+
+def _tuple(data, at: int) -> tuple[tuple[Value, ...], int]:
+    """TupleData at `at`: its values and the position after it. The hot path of a pull
+    (one call per row image), so the bytes are walked inline."""
+    size = len(data)
+    try:
+        (count,) = _INT16.unpack_from(data, at)
+        at += 2
+        values: list[Value] = []
+        for _ in range(count):
+            kind = data[at]
+            at += 1
+            if kind == _TEXT or kind == _BINARY:
+                (length,) = _INT32.unpack_from(data, at)
+                at += 4
+                if length < 0 or at + length > size:
+                    raise DecodeError(f"value of {length} bytes runs past the message end at byte {at}")
+                raw = data[at:at + length]
+                values.append(str(raw, "utf-8") if kind == _TEXT else bytes(raw))
+                at += length
+            elif kind == _NULL:
+                values.append(None)
+            elif kind == _UNCHANGED_TOAST:
+                values.append(UNCHANGED)
+            else:
+                raise DecodeError(f"unknown tuple value kind {chr(kind)!r} at byte {at - 1}")
+    except (struct.error, IndexError):
+        raise DecodeError(f"message ends early at byte {at}") from None
+    return tuple(values), at
 
 
 class _Buffer:
@@ -223,33 +259,8 @@ class _Buffer:
         return value
 
     def tuple(self) -> tuple[Value, ...]:
-        # The hot path of a pull (one call per row): the buffer is walked inline.
-        data, at, size = self.data, self.at, len(self.data)
-        try:
-            (count,) = _INT16.unpack_from(data, at)
-            at += 2
-            values: list[Value] = []
-            for _ in range(count):
-                kind = data[at]
-                at += 1
-                if kind == 0x74 or kind == 0x62:  # 't' text, 'b' binary
-                    (length,) = _INT32.unpack_from(data, at)
-                    at += 4
-                    if length < 0 or at + length > size:
-                        raise DecodeError(f"value of {length} bytes runs past the message end at byte {at}")
-                    raw = data[at:at + length]
-                    values.append(str(raw, "utf-8") if kind == 0x74 else bytes(raw))
-                    at += length
-                elif kind == 0x6E:  # 'n' null
-                    values.append(None)
-                elif kind == 0x75:  # 'u' unchanged TOASTed value
-                    values.append(UNCHANGED)
-                else:
-                    raise DecodeError(f"unknown tuple value kind {chr(kind)!r} at byte {at - 1}")
-        except (struct.error, IndexError):
-            raise DecodeError(f"message ends early at byte {at}") from None
-        self.at = at
-        return tuple(values)
+        values, self.at = _tuple(self.data, self.at)
+        return values
 
     def end(self) -> None:
         if self.at != len(self.data):
@@ -266,10 +277,52 @@ class Decoder:
     def decode(self, data: bytes) -> DecodedMessage:
         if not data:
             raise DecodeError("empty message")
+        if data[0] in _ROW_CHANGES:
+            return self._row_change(data)
         buf = _Buffer(data)
         kind = buf.byte()
         message = self._decode(kind, buf)
         buf.end()
+        return message
+
+    def _row_change(self, data: bytes) -> Insert | Update | Delete:
+        """INSERT, UPDATE or DELETE: one per row changed, so decoded from the bytes
+        directly rather than through a _Buffer."""
+        kind, at = data[0], 1
+        try:
+            if self.in_stream:
+                xid, oid = _XID_OID.unpack_from(data, at)
+                at += 8
+            else:
+                xid, (oid,) = None, _OID.unpack_from(data, at)
+                at += 4
+            part = data[at]
+            at += 1
+            if kind == 0x49:  # 'I'
+                if part != _NEW:
+                    raise DecodeError("INSERT without its new tuple ('N')")
+                new, at = _tuple(data, at)
+                message = Insert(xid, oid, new)
+            elif kind == 0x55:  # 'U'
+                old_kind = old = None
+                if part == _OLD_KEY or part == _OLD_ROW:
+                    old_kind = chr(part)
+                    old, at = _tuple(data, at)
+                    part = data[at]
+                    at += 1
+                if part != _NEW:
+                    raise DecodeError(f"UPDATE: expected the new tuple ('N'), found {chr(part)!r}")
+                new, at = _tuple(data, at)
+                message = Update(xid, oid, old_kind, old, new)
+            else:  # 'D'
+                if part != _OLD_KEY and part != _OLD_ROW:
+                    raise DecodeError(f"DELETE: expected the old key ('K') or row ('O'), found {chr(part)!r}")
+                old, at = _tuple(data, at)
+                message = Delete(xid, oid, chr(part), old)
+        except (struct.error, IndexError):
+            raise DecodeError(f"message ends early at byte {at}") from None
+        if at != len(data):
+            raise DecodeError(f"{len(data) - at} unexpected byte(s) after the message at byte {at}")
         return message
 
     def _xid(self, buf: _Buffer) -> int | None:
@@ -289,27 +342,6 @@ class Decoder:
             return Relation(xid, oid, namespace, name, identity, columns)
         if kind == "Y":
             return Type(self._xid(buf), buf.uint32(), buf.string(), buf.string())
-        if kind == "I":
-            xid, oid = self._xid(buf), buf.uint32()
-            if buf.byte() != "N":
-                raise DecodeError("INSERT without its new tuple ('N')")
-            return Insert(xid, oid, buf.tuple())
-        if kind == "U":
-            xid, oid = self._xid(buf), buf.uint32()
-            part = buf.byte()
-            old_kind = old = None
-            if part in ("K", "O"):
-                old_kind, old = part, buf.tuple()
-                part = buf.byte()
-            if part != "N":
-                raise DecodeError(f"UPDATE: expected the new tuple ('N'), found {part!r}")
-            return Update(xid, oid, old_kind, old, buf.tuple())
-        if kind == "D":
-            xid, oid = self._xid(buf), buf.uint32()
-            old_kind = buf.byte()
-            if old_kind not in ("K", "O"):
-                raise DecodeError(f"DELETE: expected the old key ('K') or row ('O'), found {old_kind!r}")
-            return Delete(xid, oid, old_kind, buf.tuple())
         if kind == "T":
             xid, count, options = self._xid(buf), buf.int32(), buf.int8()
             return Truncate(xid, options, tuple(buf.uint32() for _ in range(count)))

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from trailbound.archive.segments import TableDef, load_defs
-from trailbound.archive.writer import encode_json, write_segment
+from trailbound.archive.contract import RECORD_FIELDS
+from trailbound.archive.writer import encode_json, from_micros, to_micros, write_segment_columns
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
 from trailbound.sources.postgres import decoder as d
@@ -55,6 +56,30 @@ class _Relation:
     columns: tuple[str, ...]
     convert: tuple[Callable | None, ...]
     key: tuple[int, ...]      # positions of the replica identity's columns
+
+
+class _Micros:
+    """datetime -> microseconds since the Unix epoch, the archive's `ts`. psycopg2 gives a
+    message's send time as a naive local time; converting one costs more than the rest
+    of a row's work, so the conversion is made once per second of send times."""
+
+    def __init__(self) -> None:
+        self._second: datetime | None = None
+        self._base = 0
+
+    def __call__(self, moment: datetime) -> int:
+        second = moment.replace(microsecond=0)
+        if second != self._second:
+            self._second, self._base = second, to_micros(second.astimezone(UTC))
+        return self._base + moment.microsecond
+
+
+_OPS = {d.Insert: "INSERT", d.Update: "UPDATE", d.Delete: "DELETE"}
+_ROW_CHANGES = (d.Insert, d.Update, d.Delete)
+
+
+def _no_records() -> dict[str, list]:
+    return {name: [] for name in RECORD_FIELDS if name != "rba"}
 
 
 @dataclass
@@ -91,10 +116,11 @@ class Miner:
         self.floor = state.next_scn     # the lowest scn the next record may have
         self.top: int | None = None     # the transaction being sent (Begin or Stream Start)
         self.streaming = False
-        self.commit_time: datetime | None = None
+        self.commit_micros = 0          # the non-streamed transaction's commit time: its records' ts
+        self.micros = _Micros()
         self.seen: dict[int, tuple[int, int]] = {}  # top xid -> (lsn, changes seen at it in this pull)
-        self.sent_lsns: dict[int, list[int]] = {}   # top xid -> every change position sent in this pull
-        self.buffer: list[dict] = []
+        self.sent_lsns: dict[int, list[int]] = {}   # streamed top xid -> every change position sent in this pull
+        self.records = _no_records()    # the next segment's records, by field ("ts" in microseconds)
         self.buffer_bytes = 0
         self.last_lsn = state.next_scn
 
@@ -102,27 +128,31 @@ class Miner:
 
     def handle(self, received: Received) -> None:
         message = received.message
-        self.last_lsn = max(self.last_lsn, received.lsn.value)
-        if isinstance(message, d.Begin):
-            self.top, self.streaming, self.commit_time = message.xid, False, message.commit_time
+        if received.lsn.value > self.last_lsn:
+            self.last_lsn = received.lsn.value
+        if isinstance(message, _ROW_CHANGES):  # first: nearly every message is one
+            self._change(message, received)
+        elif isinstance(message, d.Begin):
+            self.top, self.streaming = message.xid, False
+            self.commit_micros = self.micros(message.commit_time)
         elif isinstance(message, d.StreamStart):
             self.top, self.streaming = message.xid, True
         elif isinstance(message, d.Commit):
-            self._end(self.top, "COMMIT", message.commit_lsn.value, message.commit_time)
+            self._end(self.top, "COMMIT", message.commit_lsn.value, self.micros(message.commit_time))
             self.top = None
         elif isinstance(message, d.StreamStop):
             self.top = None
         elif isinstance(message, d.StreamCommit):
-            self._end(message.xid, "COMMIT", message.commit_lsn.value, message.commit_time)
+            self._end(message.xid, "COMMIT", message.commit_lsn.value, self.micros(message.commit_time))
         elif isinstance(message, d.StreamAbort):
             if message.subxid == message.xid:
-                self._end(message.xid, "ROLLBACK", received.lsn.value, received.sent)
+                self._end(message.xid, "ROLLBACK", received.lsn.value, self.micros(received.sent))
             else:
                 self._abort_subtransaction(message.xid, message.subxid, received)
         elif isinstance(message, d.Relation):
             # A Relation message comes without a position of its own (0/0): name the last one seen.
             self._relation(message, received.lsn if received.lsn.value else Lsn(self.last_lsn))
-        elif isinstance(message, (d.Insert, d.Update, d.Delete, d.Truncate)):
+        elif isinstance(message, d.Truncate):
             self._change(message, received)
         # Type, Origin and logical Message carry nothing the archive holds.
         self._cut_if_full()
@@ -147,14 +177,16 @@ class Miner:
         at, count = self.seen.get(top, (None, 0))
         count = count + 1 if at == lsn else 1
         self.seen[top] = (lsn, count)
-        self.sent_lsns.setdefault(top, []).append(lsn)
+        if self.streaming:  # only a streamed transaction has subtransactions of its own (and may lose one)
+            self.sent_lsns.setdefault(top, []).append(lsn)
         if txn is not None and (txn.ended is not None or lsn < txn.last_lsn
                                 or (lsn == txn.last_lsn and count <= txn.at_last_lsn)):
             self.result.resent += 1
             return
-        ts = received.sent if self.streaming else self.commit_time
+        ts = self.micros(received.sent) if self.streaming else self.commit_micros
         if txn is None:
-            txn = self.state.txns[top] = miner_state.Txn(streamed=self.streaming, first_time=ts.isoformat())
+            txn = self.state.txns[top] = miner_state.Txn(streamed=self.streaming,
+                                                         first_time=from_micros(ts).isoformat())
         if lsn == txn.last_lsn:
             txn.at_last_lsn += 1
         else:
@@ -170,11 +202,10 @@ class Miner:
         else:
             relation = self.relations[message.relation_oid]
             before, after = _images(relation, message)
-            op = {d.Insert: "INSERT", d.Update: "UPDATE", d.Delete: "DELETE"}[type(message)]
-            self._emit(lsn, ts, xid, parent, op, relation.name, before, after)
+            self._emit(lsn, ts, xid, parent, _OPS[type(message)], relation.name, before, after)
         self.result.changes += 1
 
-    def _end(self, top: int | None, op: str, lsn: int, ts: datetime) -> None:
+    def _end(self, top: int | None, op: str, lsn: int, ts: int) -> None:
         txn = self.state.txns.get(top)
         if txn is None:
             return  # the archive holds nothing of it: nothing to end
@@ -190,12 +221,14 @@ class Miner:
         else:
             self.result.rollbacks += 1
 
-    def _roll_back_vanished_subtransactions(self, top: int, txn: miner_state.Txn, lsn: int, ts: datetime) -> None:
+    def _roll_back_vanished_subtransactions(self, top: int, txn: miner_state.Txn, lsn: int, ts: int) -> None:
         """Every change of a transaction that survives is sent again in each pull until it
         commits (the slot restarts at or before its start). A subtransaction whose
         archived changes were not sent again was rolled back in a part of the WAL where
         the server had not streamed it this time, so it sent no Stream Abort: archive the
         ROLLBACK it would have meant, before the COMMIT."""
+        if not txn.subxids:
+            return
         sent = sorted(self.sent_lsns.get(top, ()))
         for subxid, (first, last) in txn.subxids.items():
             if int(subxid) in txn.aborted_subxids:
@@ -212,47 +245,56 @@ class Miner:
             self.result.resent += txn is not None
             return
         txn.aborted_subxids.append(subxid)
-        self._emit(received.lsn.value, received.sent, subxid, top, "ROLLBACK", None, None, None)
+        self._emit(received.lsn.value, self.micros(received.sent), subxid, top, "ROLLBACK", None, None, None)
         self.result.rollbacks += 1
 
     # ---------------------------------------------------------------- records and segments
 
-    def _emit(self, lsn: int, ts: datetime, xid: int, parent: int | None, op: str, table: str | None,
+    def _emit(self, lsn: int, ts: int, xid: int, parent: int | None, op: str, table: str | None,
               before: str | None, after: str | None) -> None:
-        scn = max(self.floor, lsn)
-        self.floor = scn
-        self.buffer.append({"scn": scn, "ts": ts, "xid": str(xid), "parent_xid": None if parent is None else str(parent),
-                            "op": op, "table": table, "before": before, "after": after})
+        """One record into the next segment; `ts` in microseconds since the epoch."""
+        if lsn > self.floor:
+            self.floor = lsn
+        records = self.records
+        records["scn"].append(self.floor)
+        records["ts"].append(ts)
+        records["xid"].append(str(xid))
+        records["parent_xid"].append(None if parent is None else str(parent))
+        records["op"].append(op)
+        records["table"].append(table)
+        records["before"].append(before)
+        records["after"].append(after)
         self.buffer_bytes += 64 + len(before or "") + len(after or "")
 
     def _cut_if_full(self) -> None:
         # Only between messages: the state saved with a segment must describe whole
         # messages (a TRUNCATE of several tables is several records).
-        if self.buffer and (len(self.buffer) >= self.limits.records or self.buffer_bytes >= self.limits.bytes
-                            or (self.buffer[-1]["ts"] - self.buffer[0]["ts"]).total_seconds() >= self.limits.seconds):
+        times = self.records["ts"]
+        if times and (len(times) >= self.limits.records or self.buffer_bytes >= self.limits.bytes
+                      or times[-1] - times[0] >= self.limits.seconds * 1_000_000):
             self.cut(self.floor + 1)
 
     def cut(self, next_scn: int, at_least_time: datetime | None = None) -> None:
         """Write the buffered records as the next segment (possibly empty) ending at next_scn."""
         state = self.state
         first_scn, first_time = state.next_scn, state.next_time
-        times = [r["ts"] for r in self.buffer] + ([at_least_time] if at_least_time else [])
-        next_time = max([first_time, *times])
+        times = [from_micros(max(self.records["ts"]))] if self.records["ts"] else []
+        next_time = max([first_time, *times, *([at_least_time] if at_least_time else [])])
         state.sequence += 1
         state.next_scn, state.next_time = next_scn, next_time
         miner_state.save(self.archive, state)   # before the manifest: it describes this segment
-        write_segment(self.archive, thread=THREAD, sequence=state.sequence, records=self.buffer,
-                      first_scn=first_scn, next_scn=next_scn, first_time=first_time, next_time=next_time,
-                      fmt="parquet")
+        write_segment_columns(self.archive, thread=THREAD, sequence=state.sequence, columns=self.records,
+                              first_scn=first_scn, next_scn=next_scn, first_time=first_time, next_time=next_time,
+                              fmt="parquet")
         self.result.segments.append(state.sequence)
-        self.buffer, self.buffer_bytes = [], 0
+        self.records, self.buffer_bytes = _no_records(), 0
         self.floor = next_scn
 
     def finish(self, safe: Lsn | None, now: datetime) -> None:
         """Write what is buffered; move next_scn to the safe position even with nothing
         to write (an idle source still moves capture's horizon)."""
         target = max(safe.value if safe else 0, self.state.next_scn)
-        if self.buffer:
+        if self.records["scn"]:
             self.cut(max(target, self.floor + 1), now)
         elif target > self.state.next_scn:
             self.cut(target, now)
@@ -263,14 +305,12 @@ def _columns(columns) -> str:
 
 
 def _image(relation: _Relation, values: tuple, positions=None) -> str:
-    row = {}
-    for i in positions if positions is not None else range(len(values)):
-        value = values[i]
-        if value is d.UNCHANGED:
-            continue  # an unchanged TOASTed value: absent columns keep their value
-        convert = relation.convert[i]
-        row[relation.columns[i]] = value if value is None or convert is None else convert(value)
-    return encode_json(row)
+    names, converts = relation.columns, relation.convert
+    if positions is not None:
+        names, converts, values = ([items[i] for i in positions] for items in (names, converts, values))
+    # An unchanged TOASTed value is left out: absent columns keep their value.
+    return encode_json({name: value if value is None or convert is None else convert(value)
+                        for name, convert, value in zip(names, converts, values) if value is not d.UNCHANGED})
 
 
 def _images(relation: _Relation, message) -> tuple[str | None, str | None]:

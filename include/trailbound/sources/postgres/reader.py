@@ -22,8 +22,8 @@ from __future__ import annotations
 import select
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import NamedTuple
 
 import psycopg2
 import psycopg2.errors
@@ -51,12 +51,13 @@ def session_options(extra: dict[str, str] | None = None) -> str:
     return " ".join(f"-c {name}={value}" for name, value in settings.items())
 
 
-@dataclass(frozen=True)
-class Received:
-    """One decoded message and where the server says it belongs."""
+class Received(NamedTuple):
+    """One decoded message and where the server says it belongs (a tuple: one is made
+    per message)."""
 
     lsn: Lsn                # ReplicationMessage.data_start
-    sent: datetime          # when the server sent it (its clock, UTC)
+    sent: datetime          # when the server sent it, by its clock: psycopg2 gives a naive
+                            # local time (the miner converts only what it archives)
     message: decoder.DecodedMessage
 
 
@@ -180,8 +181,7 @@ class SlotReader:
                 boundary = False
             elif isinstance(message, (decoder.Commit, decoder.StreamStop)):
                 boundary = True
-            # psycopg2 gives send_time as a naive local time: astimezone reads it as local
-            yield Received(Lsn(raw.data_start), raw.send_time.astimezone(UTC), message)
+            yield Received(Lsn(raw.data_start), raw.send_time, message)
             self._mark_boundary(boundary)
             if boundary and self.safe is not None and self.safe >= until:
                 return

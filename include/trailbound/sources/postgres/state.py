@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trailbound.archive import segments as archive_segments
-from trailbound.archive.writer import format_time
+from trailbound.archive.writer import encode_json, format_time
 from trailbound.durable import atomic_write
 from trailbound.errors import TrailboundError
 
@@ -84,7 +84,9 @@ def state_path(archive: Path, sequence: int) -> Path:
 def save(archive: Path, state: MinerState) -> Path:
     path = state_path(archive, state.sequence)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(state.to_json(), indent=1) + "\n").encode())
+    # Compact: the state lists every transaction ended since the slot's confirmed position
+    # (tens of thousands in a large pull), and indented JSON is encoded in pure Python.
+    atomic_write(path, (encode_json(state.to_json()) + "\n").encode())
     return path
 
 
