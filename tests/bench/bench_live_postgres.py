@@ -48,6 +48,7 @@ from trailbound.devtools.livedemo import LOGICAL_OPTIONS, recreate_database, tab
 from trailbound.devtools.localpg import LocalServer  # noqa: E402
 
 RESULTS = REPO / "docs" / "benchmarks" / "live-postgres.md"
+EARLIER = "## Earlier runs"
 WORK = REPO / "var" / "bench-live"
 TABLES = [("public", "pgbench_accounts"), ("public", "pgbench_branches"), ("public", "pgbench_history"),
           ("public", "pgbench_tellers")]
@@ -221,6 +222,10 @@ native apply worker runs inside the server and writes each change directly. On t
 machine trailbound is {ratio:.0f}x slower than native logical replication for this backlog; the
 goal is not met, and these numbers are the baseline for making it faster.
 """
+    # Earlier runs (kept by hand under "## Earlier runs") stay below the new one.
+    earlier = RESULTS.read_text() if RESULTS.exists() else ""
+    if EARLIER in earlier:
+        text += "\n" + earlier[earlier.index(EARLIER):]
     RESULTS.write_text(text)
     print(text)
     return 0
