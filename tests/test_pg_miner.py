@@ -190,3 +190,29 @@ def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_
     assert [(r["op"], r["xid"], r["parent_xid"]) for r in _records(archive)] == [
         ("INSERT", "9", None), ("INSERT", "10", "9"), ("INSERT", "10", "9"), ("INSERT", "9", None),
         ("ROLLBACK", "10", "9"), ("COMMIT", "9", None)]
+
+
+def test_streamed_records_carry_the_send_time_in_utc_across_a_dst_fall_back(archive, monkeypatch):
+    # psycopg2 gives a message's send time as a naive local time; the archive's ts is UTC.
+    # Europe/Berlin repeats 02:00-03:00 local on 2026-10-25: two changes sent an hour apart
+    # in the same naive second must still be an hour apart.
+    import time
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        sent = [datetime(2026, 10, 24, 23, 59, 59, 500_000, tzinfo=UTC), datetime(2026, 10, 25, 0, 59, 59, 100_000, tzinfo=UTC),
+                datetime(2026, 10, 25, 1, 59, 59, 200_000, tzinfo=UTC), datetime(2026, 10, 25, 2, 30, tzinfo=UTC)]
+        local = [datetime.fromtimestamp(moment.timestamp()) for moment in sent]
+        assert local[1].replace(microsecond=0) == local[2].replace(microsecond=0)  # the same naive second
+        miner = _miner(archive, Limits(records=100))
+        miner.handle(Received(Lsn(2000), local[0], d.StreamStart(9, True)))
+        miner.handle(Received(Lsn(0), local[0], ORDERS))
+        for i, moment in enumerate(local):
+            miner.handle(Received(Lsn(2010 + i), moment, d.Insert(9, 100, (str(i), "x", None, None))))
+        miner.handle(Received(Lsn(2100), local[-1], d.StreamStop()))
+        miner.finish(Lsn(2100), sent[-1])
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert [r["ts"] for r in _records(archive)] == sent

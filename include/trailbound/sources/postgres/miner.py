@@ -64,12 +64,13 @@ class _Micros:
     of a row's work, so the conversion is made once per second of send times."""
 
     def __init__(self) -> None:
-        self._second: datetime | None = None
+        self._second = datetime.min
         self._base = 0
 
     def __call__(self, moment: datetime) -> int:
         second = moment.replace(microsecond=0)
-        if second != self._second:
+        # (naive times compare equal across a DST fall-back's repeated hour: fold tells them apart)
+        if second != self._second or second.fold != self._second.fold:
             self._second, self._base = second, to_micros(second.astimezone(UTC))
         return self._base + moment.microsecond
 
