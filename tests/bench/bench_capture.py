@@ -358,18 +358,19 @@ def report(results: list[dict], args) -> None:
     command = (".venv/bin/python tests/bench/bench_capture.py --records "
                + " ".join(map(str, args.records)) + " --masters " + " ".join(args.masters)
                + f" --driver-memory {args.driver_memory}")
-    _plot(by_size)
     # A run loads the CPUs itself (the load average at its end is about their number, more
     # with a standalone cluster's processes); twice their number means other jobs ran too.
     loads = [r["load_average"] for r in results if "load_average" in r]
+    shared = bool(loads) and max(loads) > 2 * (os.cpu_count() or 1)
     if not loads:
         conditions = "The load average was not recorded."
-    elif max(loads) > 2 * (os.cpu_count() or 1):
+    elif shared:
         conditions = (f"**The machine was shared** with other jobs (load average up to {max(loads):.1f} on "
                       f"{os.cpu_count()} CPUs): absolute times are inflated and noisy; the ratios compare "
                       "contenders measured back to back in one process.")
     else:
         conditions = f"Nothing else ran on the machine (load average at most {max(loads):.1f})."
+    _plot(by_size, shared)
     text = RESULTS.read_text() if RESULTS.exists() else ""
     before = text[text.index("## Before"):] if "## Before" in text else ""
     RESULTS.write_text(f"""# Capture benchmark
@@ -410,7 +411,7 @@ Where the capture run's time goes ({largest['records']:,} records, {largest['mas
     print(RESULTS.read_text())
 
 
-def _plot(results: list[dict]) -> None:
+def _plot(results: list[dict], shared: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -425,7 +426,8 @@ def _plot(results: list[dict]) -> None:
     axis.set_xlabel("archive size (million records)")
     axis.set_ylabel("thousand records / s")
     axis.set_ylim(bottom=0)
-    axis.set_title(f"Capture throughput, {results[-1]['master']} (shared 2-CPU machine)")
+    machine = f"{os.cpu_count()}-CPU machine" + (", shared with other jobs" if shared else "")
+    axis.set_title(f"Capture throughput, {results[-1]['master']} ({machine})")
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
