@@ -370,6 +370,12 @@ def main() -> int:
             if "local[1]" in seconds and "local[2]" in seconds:
                 speedups.append(f"{kind}-heavy at {groupops:,}: local[2] is {seconds['local[1]'] / seconds['local[2]']:.2f}x "
                                 "local[1]")
+    # The run loads the CPUs itself; only past twice their number were other jobs surely running.
+    load_after = os.getloadavg()[0]
+    shared = max(load_before, load_after) > 2 * (os.cpu_count() or 1)
+    loads = f"load average {load_before:.1f} before, {load_after:.1f} after"
+    conditions = (f"**The machine was shared with other work** ({loads}): times are inflated and noisy."
+                  if shared else f"Nothing else ran on the machine ({loads}).")
     report = f"""# Replicat benchmark
 
 Apply rate of one replicat run (`run_replicat`: trail read and verified, net change,
@@ -392,8 +398,8 @@ Command, from the repository root (`make bench` runs it with the throwaway Postg
 
 {"; ".join(speedups) + "." if speedups else ""}
 Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, {platform.platform()},
-Python {platform.python_version()}; PostgreSQL (fsync off) and Spark on the same machine, which
-was shared with other work: load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.
+Python {platform.python_version()}; PostgreSQL (fsync off) and Spark on the same machine.
+{conditions}
 
 Where the time goes (seconds; "prepare" runs in a background thread one chunk ahead of
 "apply", so the phases overlap and add up to more than the wall time):
