@@ -224,10 +224,12 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
                            | F.col("forced")).collect()
     per_thread = assembly.log_reads.collect()
 
-    # Open transactions now: carried skips with no record in this run, then all seen.
+    # Open transactions now: carried skips with no record in this run, then all seen. (No
+    # join without skips: Spark answers a join with an empty side at once but leaves the
+    # other side's stage running, a second of both cores at 1M records.)
     seen = {(row["thread"], row["txid"]) for row in txns.join(
         spark.createDataFrame(decisions.skips, "thread int, txid string, reason string"), ["thread", "txid"])
-        .select("thread", "txid").collect()}
+        .select("thread", "txid").collect()} if decisions.skips else set()
     carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
     previous = {(t.thread, t.xid): t for t in state.open}
     still_persisted = {(t.thread, t.xid): t.persisted for t in plan.restored}
