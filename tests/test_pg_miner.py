@@ -192,6 +192,28 @@ def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_
         ("ROLLBACK", "10", "9"), ("COMMIT", "9", None)]
 
 
+def test_a_streamed_subtransaction_sent_again_whole_at_commit_is_not_rolled_back(archive):
+    # Pull 1 streams transaction 9 with subtransaction 10 (the server streamed 9 because
+    # other transactions filled logical_decoding_work_mem with it).
+    stream = [(2000, d.StreamStart(9, True)), (0, d.Relation(9, 100, "shop", "Orders", "d", COLUMNS)),
+              (2010, d.Insert(9, 100, ("1", "a", None, None))), (2020, d.Insert(10, 100, ("2", "b", None, None))),
+              (2030, d.Insert(10, 100, ("3", "c", None, None))), (2030, d.StreamStop())]
+    miner = _miner(archive)
+    _feed(miner, stream)
+    miner.finish(Lsn(2030), T0)
+    # Pull 2: this time the server did not stream 9; it sends it whole at its commit,
+    # subtransaction 10's changes included (without their xid): 10 committed with 9.
+    miner = _miner(archive)
+    _feed(miner, [(2010, d.Begin(Lsn(2150), T0, 9)), (0, ORDERS), (2010, d.Insert(None, 100, ("1", "a", None, None))),
+                  (2020, d.Insert(None, 100, ("2", "b", None, None))), (2030, d.Insert(None, 100, ("3", "c", None, None))),
+                  (2100, d.Insert(None, 100, ("4", "d", None, None))),
+                  (2190, d.Commit(0, Lsn(2150), Lsn(2190), T0))])
+    miner.finish(Lsn(2190), T0)
+    assert [(r["op"], r["xid"], r["parent_xid"]) for r in _records(archive)] == [
+        ("INSERT", "9", None), ("INSERT", "10", "9"), ("INSERT", "10", "9"), ("INSERT", "9", None),
+        ("COMMIT", "9", None)]
+
+
 def test_streamed_records_carry_the_send_time_in_utc_across_a_dst_fall_back(archive, monkeypatch):
     # psycopg2 gives a message's send time as a naive local time; the archive's ts is UTC.
     # Europe/Berlin repeats 02:00-03:00 local on 2026-10-25: two changes sent an hour apart

@@ -120,7 +120,7 @@ class Miner:
         self.commit_micros = 0          # the non-streamed transaction's commit time: its records' ts
         self.micros = _Micros()
         self.seen: dict[int, tuple[int, int]] = {}  # top xid -> (lsn, changes seen at it in this pull)
-        self.sent_lsns: dict[int, list[int]] = {}   # streamed top xid -> every change position sent in this pull
+        self.sent_lsns: dict[int, list[int]] = {}   # top xid -> every change position sent in this pull
         self.records = _no_records()    # the next segment's records, by field ("ts" in microseconds)
         self.buffer_bytes = 0
         self.last_lsn = state.next_scn
@@ -178,8 +178,9 @@ class Miner:
         at, count = self.seen.get(top, (None, 0))
         count = count + 1 if at == lsn else 1
         self.seen[top] = (lsn, count)
-        if self.streaming:  # only a streamed transaction has subtransactions of its own (and may lose one)
-            self.sent_lsns.setdefault(top, []).append(lsn)
+        # Every position, streamed or not: a transaction streamed in an earlier pull may come
+        # whole at its commit in this one, and its subtransactions' changes with it.
+        self.sent_lsns.setdefault(top, []).append(lsn)
         if txn is not None and (txn.ended is not None or lsn < txn.last_lsn
                                 or (lsn == txn.last_lsn and count <= txn.at_last_lsn)):
             self.result.resent += 1
