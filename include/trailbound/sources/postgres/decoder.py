@@ -18,6 +18,7 @@ from trailbound.sources.postgres.lsn import Lsn
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INT16, _INT32 = struct.Struct("!h"), struct.Struct("!i")
 _OID, _XID_OID = struct.Struct("!I"), struct.Struct("!II")
+_BEGIN, _COMMIT = struct.Struct("!QqI"), struct.Struct("!bQQq")  # after the type byte
 _TEXT, _BINARY, _NULL, _UNCHANGED_TOAST = 0x74, 0x62, 0x6E, 0x75  # 't', 'b', 'n', 'u'
 _NEW, _OLD_KEY, _OLD_ROW = 0x4E, 0x4B, 0x4F                       # 'N', 'K', 'O'
 
@@ -277,8 +278,17 @@ class Decoder:
     def decode(self, data: bytes) -> DecodedMessage:
         if not data:
             raise DecodeError("empty message")
-        if data[0] in _ROW_CHANGES:
+        kind = data[0]
+        if kind in _ROW_CHANGES:
             return self._row_change(data)
+        # BEGIN and COMMIT, one each per transaction, have a fixed size: one unpack. Any
+        # other size takes the general path, which names the byte where it goes wrong.
+        if kind == 0x42 and len(data) == _BEGIN.size + 1:  # 'B'
+            final_lsn, micros, xid = _BEGIN.unpack_from(data, 1)
+            return Begin(Lsn(final_lsn), pg_time(micros), xid)
+        if kind == 0x43 and len(data) == _COMMIT.size + 1:  # 'C'
+            flags, commit_lsn, end_lsn, micros = _COMMIT.unpack_from(data, 1)
+            return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), pg_time(micros))
         buf = _Buffer(data)
         kind = buf.byte()
         message = self._decode(kind, buf)

@@ -182,7 +182,8 @@ class SlotReader:
             elif isinstance(message, (decoder.Commit, decoder.StreamStop)):
                 boundary = True
             yield Received(Lsn(raw.data_start), raw.send_time, message)
-            self._mark_boundary(boundary)
+            if boundary:
+                self._mark_boundary(boundary)
             if boundary and self.safe is not None and self.safe >= until:
                 return
 
@@ -192,10 +193,9 @@ class SlotReader:
         # before it has been sent whole, a transaction committing after it will be sent
         # again whole if the slot restarts there. (Mid-transaction it is not: a BEGIN's
         # position is its first change's, below what came before.)
-        if boundary and self.cursor.wal_end:
-            position = Lsn(self.cursor.wal_end)
-            if self.safe is None or position > self.safe:
-                self.safe = position
+        wal_end = self.cursor.wal_end
+        if boundary and wal_end and (self.safe is None or wal_end > self.safe.value):
+            self.safe = Lsn(wal_end)
 
     # ---------------------------------------------------------------- feedback
 
