@@ -172,14 +172,20 @@ def test_the_postgres_block_is_validated(tmp_path):
         configuration.load(path).postgres("SIM")
 
 
-def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_back(archive):
-    # Pull 1 streams transaction 9 with subtransaction 10 and dies before 10's abort.
+def _pull_streaming_9_with_subtransaction_10(archive) -> None:
+    """A pull that streams transaction 9 (change at 2010) with subtransaction 10 (changes at
+    2020 and 2030) and ends before either ends."""
     stream = [(2000, d.StreamStart(9, True)), (0, d.Relation(9, 100, "shop", "Orders", "d", COLUMNS)),
               (2010, d.Insert(9, 100, ("1", "a", None, None))), (2020, d.Insert(10, 100, ("2", "b", None, None))),
               (2030, d.Insert(10, 100, ("3", "c", None, None))), (2030, d.StreamStop())]
     miner = _miner(archive)
     _feed(miner, stream)
     miner.finish(Lsn(2030), T0)
+
+
+def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_back(archive):
+    # Pull 1 streams transaction 9 with subtransaction 10 and dies before 10's abort.
+    _pull_streaming_9_with_subtransaction_10(archive)
     # Pull 2: the server re-reads 9 from its start, discards 10 at its abort without having
     # streamed it this time (no Stream Abort), and sends 9 whole at its commit.
     miner = _miner(archive)
@@ -195,12 +201,7 @@ def test_a_subtransaction_rolled_back_where_it_was_not_streamed_again_is_rolled_
 def test_a_streamed_subtransaction_sent_again_whole_at_commit_is_not_rolled_back(archive):
     # Pull 1 streams transaction 9 with subtransaction 10 (the server streamed 9 because
     # other transactions filled logical_decoding_work_mem with it).
-    stream = [(2000, d.StreamStart(9, True)), (0, d.Relation(9, 100, "shop", "Orders", "d", COLUMNS)),
-              (2010, d.Insert(9, 100, ("1", "a", None, None))), (2020, d.Insert(10, 100, ("2", "b", None, None))),
-              (2030, d.Insert(10, 100, ("3", "c", None, None))), (2030, d.StreamStop())]
-    miner = _miner(archive)
-    _feed(miner, stream)
-    miner.finish(Lsn(2030), T0)
+    _pull_streaming_9_with_subtransaction_10(archive)
     # Pull 2: this time the server did not stream 9; it sends it whole at its commit,
     # subtransaction 10's changes included (without their xid): 10 committed with 9.
     miner = _miner(archive)
