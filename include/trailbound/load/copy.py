@@ -169,16 +169,19 @@ def _copy_committed(task: ChunkTask, src, target, tgt, into: sql.Composable) -> 
     return rows
 
 
+_LOW_WATERMARK = sql.SQL("INSERT INTO {} (window_id, source_table, mark, lo, hi) "
+                         "VALUES (%s, %s, 'low', %s, %s)").format(WATERMARK.ident)
+_HIGH_WATERMARK = sql.SQL("UPDATE {} SET mark = 'high', written_at = now() WHERE window_id = %s").format(WATERMARK.ident)
+
+
 def _between_watermarks(task: ChunkTask, source, target) -> int:
     source.autocommit = True
     bounds = {"lo": json.dumps(task.lo) if task.lo else None, "hi": json.dumps(task.hi) if task.hi else None}
     staging = staging_table(task.window_id)
     with source.cursor() as src, target.cursor() as tgt:
-        src.execute(sql.SQL("INSERT INTO {} (window_id, source_table, mark, lo, hi) VALUES (%s, %s, 'low', %s, %s)")
-                    .format(WATERMARK.ident), (task.window_id, task.source_table, bounds["lo"], bounds["hi"]))
+        src.execute(_LOW_WATERMARK, (task.window_id, task.source_table, bounds["lo"], bounds["hi"]))
         _settle(src)
         tgt.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(staging, sql.Identifier(*task.target)))
         rows = _copy_committed(task, src, target, tgt, staging)  # durable before the high watermark names them
-        src.execute(sql.SQL("UPDATE {} SET mark = 'high', written_at = now() WHERE window_id = %s")
-                    .format(WATERMARK.ident), (task.window_id,))
+        src.execute(_HIGH_WATERMARK, (task.window_id,))
     return rows
