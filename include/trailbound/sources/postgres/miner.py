@@ -280,8 +280,12 @@ class Miner:
         """Write the buffered records as the next segment (possibly empty) ending at next_scn."""
         state = self.state
         first_scn, first_time = state.next_scn, state.next_time
-        times = [from_micros(max(self.records["ts"]))] if self.records["ts"] else []
-        next_time = max([first_time, *times, *([at_least_time] if at_least_time else [])])
+        times = [first_time]
+        if self.records["ts"]:
+            times.append(from_micros(max(self.records["ts"])))
+        if at_least_time:
+            times.append(at_least_time)
+        next_time = max(times)
         state.sequence += 1
         state.next_scn, state.next_time = next_scn, next_time
         miner_state.save(self.archive, state)   # before the manifest: it describes this segment

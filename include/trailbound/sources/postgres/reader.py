@@ -164,11 +164,12 @@ class SlotReader:
         decoding = decoder.Decoder()
         boundary = True
         last_progress = time.monotonic()
-        self._mark_boundary(boundary)
+        self._mark_boundary()
         while True:
             raw = self.cursor.read_message()
             if raw is None:
-                self._mark_boundary(boundary)
+                if boundary:
+                    self._mark_boundary()
                 if boundary and self.safe is not None and self.safe >= until:
                     return
                 if time.monotonic() - last_progress > patience:
@@ -183,18 +184,18 @@ class SlotReader:
                 boundary = True
             yield Received(Lsn(raw.data_start), raw.send_time, message)
             if boundary:
-                self._mark_boundary(boundary)
+                self._mark_boundary()
             if boundary and self.safe is not None and self.safe >= until:
                 return
 
-    def _mark_boundary(self, boundary: bool) -> None:
-        # Between transactions, the server's WAL end (the last message's position or a
-        # keepalive's) is a position everything before which has been sent: a commit
-        # before it has been sent whole, a transaction committing after it will be sent
-        # again whole if the slot restarts there. (Mid-transaction it is not: a BEGIN's
-        # position is its first change's, below what came before.)
+    def _mark_boundary(self) -> None:
+        # Called between transactions only. There, the server's WAL end (the last
+        # message's position or a keepalive's) is a position everything before which has
+        # been sent: a commit before it has been sent whole, a transaction committing
+        # after it will be sent again whole if the slot restarts there. (Mid-transaction
+        # it is not: a BEGIN's position is its first change's, below what came before.)
         wal_end = self.cursor.wal_end
-        if boundary and wal_end and (self.safe is None or wal_end > self.safe.value):
+        if wal_end and (self.safe is None or wal_end > self.safe.value):
             self.safe = Lsn(wal_end)
 
     # ---------------------------------------------------------------- feedback
