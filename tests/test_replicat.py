@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,6 +305,46 @@ def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, sp
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
         cur.execute("SELECT total::text FROM shop.orders ORDER BY id")
         assert [r[0] for r in cur.fetchall()] == ["12345.678901234567890", "7.000"], "numeric scale is kept"
+
+
+def test_the_cli_starts_spark_only_for_a_run_that_needs_it(tmp_path, spark, metadata_dsn, store, target_dsn):
+    """`replicat run` applies a local trail of plain inserts, updates and deletes in a
+    process that cannot start a JVM (JAVA_HOME points nowhere): the common run pays for
+    no Spark session. A key-changing UPDATE needs Spark's net change: that process then
+    stops before applying anything, and one that can start Spark applies it."""
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "T1", 1), ins(11, "T1", 2), ins(12, "T1", 3), rec(13, "T1", "COMMIT"),
+                        rec(20, "T2", "UPDATE", "shop.orders", key=2, note="changed"),
+                        rec(21, "T2", "DELETE", "shop.orders", key=3), rec(22, "T2", "COMMIT")], 100)
+    config_path = write_config(tmp_path, tables=("shop.*",))
+    config = configuration.load(config_path)
+    run_extract(spark, store, config, "EXT1")
+    _create_target(config, target_dsn)
+    env = {**os.environ, "TRAILBOUND_METADATA_DSN": metadata_dsn, "TRAILBOUND_TARGET_DSN": target_dsn}
+    no_java = {**env, "JAVA_HOME": str(tmp_path / "no-java")}
+    replicat = [sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "replicat", "run", "REP1"]
+
+    def orders():
+        with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+            cur.execute("SELECT id, note FROM shop.orders ORDER BY id")
+            return cur.fetchall()
+
+    done = subprocess.run(replicat, env=no_java, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "applied 2 transactions (5 operations)" in done.stdout, done.stdout
+    assert orders() == [(1, "n1"), (2, "changed")]
+    applied = checkpoint_row(target_dsn)
+
+    key_update = {"scn": 110, "ts": at(110), "xid": "T3", "parent_xid": None, "op": "UPDATE", "table": "shop.orders",
+                  "before": {"id": 1}, "after": {"id": 10, "note": "moved"}}
+    archive.segment(1, [key_update, rec(111, "T3", "COMMIT")], 200)
+    run_extract(spark, store, config, "EXT1")
+    refused = subprocess.run(replicat, env=no_java, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0, "this process cannot start Spark, so the test above means something"
+    assert orders() == [(1, "n1"), (2, "changed")] and checkpoint_row(target_dsn) == applied
+    done = subprocess.run(replicat, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert orders() == [(2, "changed"), (10, "moved")]
 
 
 def test_identical_rows_of_a_keyless_table_are_each_kept_and_deleted_one_at_a_time(tmp_path, spark, store, target_dsn):

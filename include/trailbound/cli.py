@@ -473,7 +473,8 @@ def purge_trails(ctx: Context) -> int:
 def replicat_run(ctx: Context) -> int:
     from trailbound.replicat.run import run_replicat
 
-    print(run_replicat(ctx.spark, ctx.store, ctx.config, ctx.args.group).describe())
+    # Spark started only if the run needs it: a local trail of plain DML needs no JVM.
+    print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group).describe())
     return 0
 
 

@@ -4,6 +4,7 @@ never creates its own."""
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 # Settings every trailbound session needs, whoever builds it (spark-submit passes the
 # same ones as --conf from the job entry points).
@@ -45,3 +46,10 @@ def session(app_name: str = "trailbound", master: str | None = None):
 
 def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_SUBMIT" in os.environ
+
+
+def on_demand(spark) -> Callable[[], object]:
+    """`spark` as a function that gives the session: a SparkSession itself, or a function
+    that starts one (called only when a run turns out to need Spark, so that a run that
+    does not never pays for a JVM)."""
+    return spark if callable(spark) else (lambda: spark)

@@ -42,6 +42,7 @@ import pyarrow as pa
 import psycopg2
 
 from trailbound import files as trailfs
+from trailbound import spark as spark_session
 from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
@@ -213,7 +214,7 @@ class _Run:
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
         self.current_dir = str(config.home)
         self.workdir = config.path(Path("var") / "replicat" / state.group)
-        self.fs = trailfs.for_location(state.exttrail, spark)
+        self.fs = trailfs.for_location(state.exttrail, None if trailfs.is_local(state.exttrail) else spark())
         self._saved_at, self._unsaved = float("-inf"), False
 
     # -- preparing chunks (in a background thread, one chunk ahead)
@@ -417,6 +418,10 @@ def starting_checkpoint(state: ckpt.ReplicatState, row: ckt.CheckpointRow | None
 
 
 def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, target_dsn: str | None = None) -> RunResult:
+    """`spark`: a SparkSession, or a function that starts one. Spark is asked for only by
+    a run that needs it (a trail outside the local filesystem, or a key-changing UPDATE
+    to net): the CLI's replicat of a local trail of plain DML starts no JVM."""
+    spark = spark_session.on_demand(spark)
     name = config.replicat_name(group)
     replicat = config.replicat(name)
     timer = _Timer()
