@@ -1,0 +1,130 @@
+"""The floor under replicat's insert-heavy apply on one connection: the target's
+statements alone, every payload prepared beforehand, no trail, no Python work between
+them. Beside a plain COPY of the same rows (3 statements), it shows how much of a COPY
+one target transaction per GROUPTRANSOPS can reach at best (docs/benchmarks/replicat.md).
+
+    .venv/bin/python tests/bench/replicat_floor.py [--rows N] [--groups G] [--rounds R]
+
+Needs TRAILBOUND_TARGET_DSN (make bench's throwaway server). Each measurement gets a fresh
+database `trailbound_bench_replicat_floor` with the benchmark's three tables:
+- plain: one COPY per table of all its rows, a commit after each (bench_replicat's plain COPY);
+- grouped: G target transactions, each a COPY per table of its share of the rows, the
+  checkpoint row UPDATE, COMMIT (what replicat sends for insert-only groups);
+- grouped, no checkpoint row: the same without the UPDATE;
+- two connections: the grouped statements (no checkpoint row) split between two
+  sessions, alternate groups, run at once (what parallel apply could reach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg2
+from psycopg2 import sql
+
+import bench_replicat as bench
+from benchdb import fresh_database
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--groups", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from trailbound.archive.segments import load_defs
+    from trailbound.archive.writer import write_defs
+    from trailbound.metadata import dsn_from_env
+    from trailbound.replicat import target as tgt
+    from trailbound.sources.simulator import source_tables
+
+    with tempfile.TemporaryDirectory() as work:
+        write_defs(Path(work), [t.definition() for t in source_tables()])
+        defs = load_defs(Path(work))
+    rows = bench.Rows(99)
+    per_table = args.rows // len(bench.TABLES)
+    made = {t: [rows.new(t) for _ in range(per_table)] for t in bench.TABLES}
+    columns = {t: [c.name for c in defs[t].columns] for t in bench.TABLES}
+    whole = {t: bench.copy_text(made[t], columns[t]) for t in bench.TABLES}
+    share = per_table // args.groups
+    parts = {t: [bench.copy_text(made[t][g * share:(g + 1) * share], columns[t]) for g in range(args.groups)]
+             for t in bench.TABLES}
+    server = dsn_from_env("TRAILBOUND_TARGET_DSN")
+
+    def fresh():
+        dsn = fresh_database(server, "trailbound_bench_replicat_floor")
+        connection = psycopg2.connect(dsn)
+        with connection.cursor() as cur:
+            tgt.create_tables(cur, {t: defs[t] for t in bench.TABLES}, [bench.configuration_rule("shop")])
+            cur.execute("CREATE TABLE checkpoint_row (group_name text PRIMARY KEY, position bigint)")
+            cur.execute("INSERT INTO checkpoint_row VALUES ('REP1', 0)")
+        connection.commit()
+        return connection, dsn
+
+    def copy_statement(cur, table: str) -> str:
+        return sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(*table.split(".", 1))).as_string(cur)
+
+    def plain() -> float:
+        connection, _ = fresh()
+        started = time.perf_counter()
+        with connection.cursor() as cur:
+            for table in bench.TABLES:
+                cur.copy_expert(copy_statement(cur, table), io.BytesIO(whole[table]), size=1 << 20)
+                connection.commit()
+        seconds = time.perf_counter() - started
+        connection.close()
+        return seconds
+
+    def grouped(connection, groups, checkpoint: bool) -> None:
+        with connection.cursor() as cur:
+            statements = {t: copy_statement(cur, t) for t in bench.TABLES}
+            for group in groups:
+                for table in bench.TABLES:
+                    cur.copy_expert(statements[table], io.BytesIO(parts[table][group]), size=1 << 20)
+                if checkpoint:
+                    cur.execute("UPDATE checkpoint_row SET position = %s WHERE group_name = 'REP1'", (group,))
+                connection.commit()
+
+    def one_connection(checkpoint: bool) -> float:
+        connection, _ = fresh()
+        started = time.perf_counter()
+        grouped(connection, range(args.groups), checkpoint)
+        seconds = time.perf_counter() - started
+        connection.close()
+        return seconds
+
+    def two_connections() -> float:
+        first, dsn = fresh()
+        second = psycopg2.connect(dsn)
+        started = time.perf_counter()
+        other = threading.Thread(target=grouped, args=(second, range(1, args.groups, 2), False))
+        other.start()
+        grouped(first, range(0, args.groups, 2), False)
+        other.join()
+        seconds = time.perf_counter() - started
+        first.close()
+        second.close()
+        return seconds
+
+    print(f"{per_table * len(bench.TABLES):,} rows, {args.groups} groups")
+    print("| round | plain COPY | grouped | share of COPY | grouped, no checkpoint row | two connections |")
+    print("|---|---|---|---|---|---|")
+    for number in range(1, args.rounds + 1):
+        copy_seconds = plain()
+        with_checkpoint = one_connection(True)
+        without = one_connection(False)
+        parallel = two_connections()
+        print(f"| {number} | {copy_seconds:.3f} s | {with_checkpoint:.3f} s | {copy_seconds / with_checkpoint:.0%} | "
+              f"{without:.3f} s | {parallel:.3f} s |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
