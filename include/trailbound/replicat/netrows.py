@@ -179,23 +179,26 @@ def _keyless_to_replay(records: pa.Table, chosen: np.ndarray, chunk: Chunk,
     wrong, so they are replayed one statement each (which touches exactly one of
     identical rows, as PostgreSQL's own apply does for REPLICA IDENTITY FULL): a net
     change keyed by all columns folds two identical INSERTs into one, and a DELETE or
-    UPDATE matched on all columns hits every identical row in the target."""
+    UPDATE matched on all columns hits every identical row in the target. Found with
+    Arrow over the keyless tables' records only (a Python loop over every record of a
+    chunk took 2 s per million)."""
     keyless = [name for name, plan in plans.items() if plan is not None and plan.keyless]
     if not keyless or not len(chosen):
         return set()
-    selected = records.take(pa.array(chosen))
-    tables = selected.column("table").to_pylist()
-    ops = selected.column("op").to_pylist()
-    afters = selected.column("after").to_pylist()
-    units = chunk.unit_of_record[chosen].tolist()
-    wanted, seen, found = set(keyless), set(), set()
-    for unit, table, op, after in zip(units, tables, ops, afters):
-        if table not in wanted:
-            continue
-        if op != "INSERT" or (unit, table, after) in seen:
-            found.add((int(unit), table))
-        seen.add((unit, table, after))
-    return found
+    tables = records.column("table").take(pa.array(chosen))
+    picked = chosen[np.asarray(pc.is_in(tables, pa.array(keyless, pa.string())).to_numpy(zero_copy_only=False),
+                               dtype=bool)]
+    if not len(picked):
+        return set()
+    rows = records.select(["table", "op", "after"]).take(pa.array(picked)).append_column(
+        "unit", pa.array(chunk.unit_of_record[picked].astype(np.int64)))
+    inserts = pc.equal(rows.column("op"), "INSERT")
+    # A DELETE or UPDATE, or an INSERT of a row inserted before in the same unit.
+    changed = rows.filter(pc.invert(inserts)).select(["unit", "table"])
+    repeated = (rows.filter(inserts).group_by(["unit", "table", "after"]).aggregate([("unit", "count")])
+                .filter(pc.greater(pc.field("unit_count"), 1)).select(["unit", "table"]))
+    return {(int(unit), table) for part in (changed, repeated)
+            for unit, table in zip(part.column("unit").to_pylist(), part.column("table").to_pylist())}
 
 
 _NET_LINES = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
