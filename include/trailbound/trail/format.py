@@ -85,11 +85,11 @@ def _content_digest(table: pa.Table) -> str:
         array = column.chunk(0) if column.num_chunks else pa.array([], field.type)
         digest.update(np.packbits(pc.is_valid(array).to_numpy(zero_copy_only=False)).tobytes())
         if pa.types.is_string(field.type):
-            filled = array.fill_null("")
+            filled = array.fill_null("") if array.null_count else array
             offsets = np.frombuffer(filled.buffers()[1], dtype=np.int32)[filled.offset:filled.offset + len(filled) + 1]
             digest.update(np.diff(offsets).astype("<i4").tobytes())
-            if len(filled):
-                digest.update(filled.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]])
+            if len(filled):  # the string bytes in place, not copied out (hashlib reads a buffer)
+                digest.update(memoryview(filled.buffers()[2])[offsets[0]:offsets[-1]])
         else:
             digest.update(array.cast(pa.int64()).fill_null(0).to_numpy().astype("<i8").tobytes())
     return digest.hexdigest()
@@ -308,8 +308,10 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
         raise TrailError(path, f"its footer says trail seqno {meta['seqno']}, its name {int(seqno)}: a file copied "
                                "or renamed into the wrong place", rba=0)
     try:
-        table = pq.read_table(path if source is None else pa.BufferReader(source),
-                              page_checksum_verification=True).replace_schema_metadata(None)
+        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose first
+        # import (pandas with it) costs a replicat or pump run 0.2 s.
+        table = pq.ParquetFile(path if source is None else pa.BufferReader(source),
+                               page_checksum_verification=True).read().replace_schema_metadata(None)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=0) from None
     if verify:
