@@ -209,14 +209,15 @@ Ratio pipeline / native: **{ratio:.1f}x** ({'within' if ratio <= 1 else 'over'} 
 the native time). Both replicas were checked equal to the source table by table afterwards
 (an order-independent digest of every row's text, computed in SQL on each server).
 
-What the times include: each trailbound stage is its own CLI process, so the capture and
-replicat times include starting a JVM and a Spark session (seconds; tens of seconds on a
-loaded machine); the native subscription's apply worker is already a server process. The native
+What the times include: each trailbound stage is its own CLI process, so the capture time
+includes starting a JVM and a Spark session (seconds; tens of seconds on a loaded machine;
+replicat starts Spark only for key-changing UPDATEs, which pgbench does not make); the
+native subscription's apply worker is already a server process. The native
 time runs from CREATE SUBSCRIPTION until the subscriber holds the last transaction
 (pgbench_history's row count, polled every 0.1 s).
 
-Where the pipeline's time goes: capture and replicat ({timings['capture'] + timings['replicat']:.0f} s together)
-are Spark jobs (a JVM and a session each, then the work); the pull
+Where the pipeline's time goes: capture ({timings['capture']:.0f} s) is a Spark job (a JVM and
+a session, then the work), replicat ({timings['replicat']:.0f} s) applies with Arrow and COPY; the pull
 ({changes / timings['pull']:,.0f} changes/s) decodes pgoutput in Python, one message at a time. The
 native apply worker runs inside the server and writes each change directly. On this
 machine trailbound is {ratio:.0f}x slower than native logical replication for this backlog; the
