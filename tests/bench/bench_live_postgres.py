@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             "ALTER SUBSCRIPTION native_sub SET (slot_name = NONE)", "DROP SUBSCRIPTION native_sub")
     execute(source, "SELECT pg_drop_replication_slot('native_slot')")
     run([*tb, "delete", "source", "PGB"], env)
+    source_server.stop()  # its own server, not make's: nothing is left running (the data stays, to look at)
     load_after = os.getloadavg()
 
     ratio = pipeline / native_time
