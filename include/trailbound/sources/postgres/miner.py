@@ -56,6 +56,19 @@ class _Relation:
     columns: tuple[str, ...]
     convert: tuple[Callable | None, ...]
     key: tuple[int, ...]      # positions of the replica identity's columns
+    key_columns: tuple[str, ...] = field(init=False)
+    key_convert: tuple[Callable | None, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The key's names and converters picked once: a key image is made per UPDATE and DELETE.
+        self.key_columns = tuple(self.columns[i] for i in self.key)
+        self.key_convert = tuple(self.convert[i] for i in self.key)
+
+    def image(self, values: tuple) -> str:
+        return _image(self.columns, self.convert, values)
+
+    def key_image(self, values: tuple) -> str:
+        return _image(self.key_columns, self.key_convert, [values[i] for i in self.key])
 
 
 class _Micros:
@@ -310,10 +323,7 @@ def _columns(columns) -> str:
     return "(" + ", ".join(f"{name} {kind}" for name, kind in columns) + ")"
 
 
-def _image(relation: _Relation, values: tuple, positions=None) -> str:
-    names, converts = relation.columns, relation.convert
-    if positions is not None:
-        names, converts, values = ([items[i] for i in positions] for items in (names, converts, values))
+def _image(names: tuple[str, ...], converts: tuple, values) -> str:
     # An unchanged TOASTed value is left out: absent columns keep their value.
     return encode_json({name: value if value is None or convert is None else convert(value)
                         for name, convert, value in zip(names, converts, values) if value is not d.UNCHANGED})
@@ -321,16 +331,16 @@ def _image(relation: _Relation, values: tuple, positions=None) -> str:
 
 def _images(relation: _Relation, message) -> tuple[str | None, str | None]:
     if isinstance(message, d.Insert):
-        return None, _image(relation, message.new)
+        return None, relation.image(message.new)
     if isinstance(message, d.Delete):
-        return _image(relation, message.old, relation.key if message.old_kind == "K" else None), None
+        return (relation.key_image(message.old) if message.old_kind == "K" else relation.image(message.old)), None
     # UPDATE: the old key ('K', the key changed), the old row (REPLICA IDENTITY FULL), or
     # else the key as it is in the new row
     if message.old_kind == "O":
-        before = _image(relation, message.old)
+        before = relation.image(message.old)
     else:
-        before = _image(relation, message.old if message.old_kind == "K" else message.new, relation.key)
-    return before, _image(relation, message.new)
+        before = relation.key_image(message.old if message.old_kind == "K" else message.new)
+    return before, relation.image(message.new)
 
 
 def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limits: Limits,

@@ -51,6 +51,12 @@ def session_options(extra: dict[str, str] | None = None) -> str:
     return " ".join(f"-c {name}={value}" for name, value in settings.items())
 
 
+# The messages that open and close what is sent of a transaction: between a close and the
+# next open the stream is at a transaction boundary.
+_OPENS = frozenset({decoder.Begin, decoder.StreamStart})
+_CLOSES = frozenset({decoder.Commit, decoder.StreamStop})
+
+
 class Received(NamedTuple):
     """One decoded message and where the server says it belongs (a tuple: one is made
     per message)."""
@@ -163,7 +169,7 @@ class SlotReader:
         at a boundary, if nothing arrives for `patience` seconds."""
         decoding = decoder.Decoder()
         boundary = True
-        last_progress = time.monotonic()
+        idle_since = None  # when read_message last found nothing, after the last message
         self._mark_boundary()
         while True:
             raw = self.cursor.read_message()
@@ -172,15 +178,19 @@ class SlotReader:
                     self._mark_boundary()
                 if boundary and self.safe is not None and self.safe >= until:
                     return
-                if time.monotonic() - last_progress > patience:
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                elif now - idle_since > patience:
                     return
                 select.select([self.cursor], [], [], 0.2)
                 continue
-            last_progress = time.monotonic()
+            idle_since = None  # (no clock read per message: a pull reads millions)
             message = decoding.decode(raw.payload)
-            if isinstance(message, (decoder.Begin, decoder.StreamStart)):
+            kind = type(message)
+            if kind in _OPENS:
                 boundary = False
-            elif isinstance(message, (decoder.Commit, decoder.StreamStop)):
+            elif kind in _CLOSES:
                 boundary = True
             yield Received(Lsn(raw.data_start), raw.send_time, message)
             if boundary:
