@@ -112,11 +112,11 @@ def _grouped(table: pa.Table) -> pa.Table:
                                                         ("step", "ascending")]))
 
 
-def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
+def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
                 timer=None) -> NetRows | None:
     """The COPY lines of the chunk's applied DML records: netted with Arrow (netarrow.py)
-    where no key changes, the rest by Spark (netchange.py; `spark` is a function giving
-    the session, called only then). `timer`, when
+    where no key changes, the rest by Spark (netchange.py; `start_spark` gives the
+    session, and is called only then). `timer`, when
     given, adds each phase's seconds (`timer.add(phase, seconds)`)."""
     records = chunk.records
     n = len(records)
@@ -142,7 +142,7 @@ def compute_net(spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], wor
         timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
     if rest.any():
         began = time.perf_counter()
-        spark = spark()
+        spark = start_spark()
         data = data.filter(pa.array(rest))
         present = set(pc.unique(data.column("table")).to_pylist())
         inputs, outputs = workdir / "in", workdir / "out"

@@ -201,9 +201,9 @@ class _Timer:
 class _Run:
     """The state of one run while it applies."""
 
-    def __init__(self, spark, store: MetadataStore, config: Config, state: ckpt.ReplicatState, connection,
+    def __init__(self, start_spark, store: MetadataStore, config: Config, state: ckpt.ReplicatState, connection,
                  plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer):
-        self.spark, self.store, self.config, self.state = spark, store, config, state
+        self.start_spark, self.store, self.config, self.state = start_spark, store, config, state
         self.connection, self.plans, self.checkpoint, self.result, self.timer = (connection, plans, checkpoint,
                                                                                result, timer)
         replicat = config.replicat(state.group)
@@ -214,7 +214,7 @@ class _Run:
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
         self.current_dir = str(config.home)
         self.workdir = config.path(Path("var") / "replicat" / state.group)
-        self.fs = trailfs.for_location(state.exttrail, None if trailfs.is_local(state.exttrail) else spark())
+        self.fs = trailfs.for_location(state.exttrail, None if trailfs.is_local(state.exttrail) else start_spark())
         self._saved_at, self._unsaved = float("-inf"), False
 
     # -- preparing chunks (in a background thread, one chunk ahead)
@@ -257,7 +257,7 @@ class _Run:
         planned = time.perf_counter()
         from trailbound.replicat.netrows import compute_net  # pyspark: not for a run with nothing new
 
-        chunk.net = compute_net(self.spark, chunk, self.plans, self.workdir / f"chunk-{number}", self.timer)
+        chunk.net = compute_net(self.start_spark, chunk, self.plans, self.workdir / f"chunk-{number}", self.timer)
         self.timer.add("prepare: plan groups", planned - began)
         return chunk
 
@@ -421,7 +421,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
     """`spark`: a SparkSession, or a function that starts one. Spark is asked for only by
     a run that needs it (a trail outside the local filesystem, or a key-changing UPDATE
     to net): the CLI's replicat of a local trail of plain DML starts no JVM."""
-    spark = spark_session.on_demand(spark)
+    start_spark = spark_session.on_demand(spark)
     name = config.replicat_name(group)
     replicat = config.replicat(name)
     timer = _Timer()
@@ -449,7 +449,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             if not files:
                 result.note = "nothing new in the trail"
                 return result
-            run = _Run(spark, store, config, state, connection, plans, checkpoint, result, timer)
+            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer)
             for chunk in run.chunks(files, start_rba):
                 run.apply_chunk(chunk)
             shutil.rmtree(run.workdir, ignore_errors=True)
