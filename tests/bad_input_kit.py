@@ -303,6 +303,17 @@ def truncated_parquet(archive):
     return Expect(f"{SEGMENT_2}.parquet", None, "not a readable Parquet file")
 
 
+def cataloged_segment_damaged_afterwards(archive):
+    """Segment 1, cataloged and captured, still holds OPEN's start; its data file is cut
+    short afterwards (a disk, a tool writing where it should not). The catalog's checks
+    are behind it: the Spark task that reads it again must name it."""
+    archive.segment(THREAD, good_records(), 200)
+    data_file = archive.root / "arch_1_000000001.parquet"
+    data = data_file.read_bytes()
+    data_file.write_bytes(data[:len(data) // 2])
+    return Expect("arch_1_000000001.parquet", None, "cannot read it", capture_path=True)
+
+
 def parquet_column_of_the_wrong_type(archive):
     manifest = archive.segment(THREAD, good_records(), 200)
     table = pq.read_table(manifest.with_suffix(".parquet"))
@@ -451,7 +462,7 @@ ARCHIVE_CASES = [
     manifest_records_past_the_position_limit, manifest_lies_about_sha256_of_other_bytes, unreadable_manifest,
     duplicate_manifest, data_file_missing,
     sequence_gap, first_scn_not_previous_next_scn, segment_after_closed, truncated_parquet,
-    parquet_column_of_the_wrong_type, rba_gap, rba_not_from_zero, rba_twice, scn_backwards, scn_outside_the_segment,
+    cataloged_segment_damaged_afterwards, parquet_column_of_the_wrong_type, rba_gap, rba_not_from_zero, rba_twice, scn_backwards, scn_outside_the_segment,
     unknown_op, lower_case_op, dml_without_table, commit_of_a_subtransaction, record_after_commit,
     record_after_rollback, subtransaction_record_after_its_parent_committed, parent_xid_names_a_subtransaction,
     parent_xid_names_an_earlier_segments_subtransaction, parent_xid_names_itself, xid_over_128_characters,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class TrailboundError(Exception):
     """Base of every error the command line prints without a traceback."""
@@ -37,3 +39,19 @@ class TrailError(TrailboundError):
         where = f"{path}" if rba is None else f"{path} rba {rba}"
         super().__init__(f"{where}: {message}")
         self.path, self.rba = str(path), rba
+
+
+# How a TrailboundError raised in a Spark task ends the worker's traceback, which is the
+# text of the PythonException that brings it to the driver.
+_RAISED_IN_A_TASK = re.compile(r"^trailbound\.errors\.[A-Za-z]+: (.+)$", re.MULTILINE)
+
+
+def raised_in_a_spark_task(exc: BaseException) -> TrailboundError | None:
+    """The TrailboundError a Spark task raised (a segment that cannot be read, named with
+    its path), out of the PythonException that carries it to the driver as a worker's
+    traceback; None for any other exception. The command line then prints the same one
+    ERROR line as for the error raised on the driver, not two stack traces."""
+    if type(exc).__name__ != "PythonException":
+        return None
+    found = _RAISED_IN_A_TASK.findall(str(exc))
+    return TrailboundError(found[-1]) if found else None
