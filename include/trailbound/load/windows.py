@@ -145,6 +145,13 @@ class Windows:
             self._present = cur.fetchone()[0]
         return self._present
 
+    def quiet(self, cur, chunk) -> bool:
+        """No load window can be touched by the chunk: none has ever reached the target,
+        and the chunk writes no watermark (then its groups may be applied in parallel)."""
+        if self._exists(cur):
+            return False
+        return not pc.any(pc.fill_null(pc.equal(chunk.records.column("table"), WATERMARK.name), False)).as_py()
+
     def apply(self, cur, chunk, txns: list[int]) -> None:
         """Inside the target transaction applying `txns` of `chunk`, after their rows and
         before the checkpoint row."""

@@ -211,9 +211,10 @@ class FastApplier:
     the new rows are COPY'd straight into their tables. Moves (M, from key updates)
     take the longer way, table by table."""
 
-    def __init__(self, connection, plans: dict[str, TablePlan | None]):
+    def __init__(self, connection, plans: dict[str, TablePlan | None], *, staging: bool = True):
         self.connection = connection
         self.plans = plans
+        self.staging = staging  # False: a parallel lane's session, which only inserts (no staging tables)
         self._staging: dict[str, _Staging] = {}
         self._sql: dict[str, _Statements] = {}
         self._dirty: set[str] = set()   # staging tables that may hold rows
@@ -227,7 +228,8 @@ class FastApplier:
         with self.connection.cursor() as cur:
             for table in missing:
                 staging = _Staging(len(self._staging) + 1, self.plans[table])
-                cur.execute(staging.ddl())
+                if self.staging:
+                    cur.execute(staging.ddl())
                 self._staging[table] = staging
                 self._sql[table] = _Statements.of(staging, self.connection)
         self.connection.commit()

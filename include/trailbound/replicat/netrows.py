@@ -96,6 +96,10 @@ class NetRows:
             else:
                 entry.inserts = (part, a, b)
 
+    def tables(self) -> set[str]:
+        """The source tables the chunk's net rows touch."""
+        return {entry.table for entries in self.units.values() for entry in entries}
+
     def view(self, span: tuple[int, int, int] | None) -> memoryview | None:
         if span is None:
             return None

@@ -57,6 +57,7 @@ from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
                                        ReplayStats, record_key)
 from trailbound.replicat.chunks import Chunk, Group, TrailFile, cut, plan_chunk
+from trailbound.replicat.parallel import ParallelApply, lane_connection
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
@@ -202,7 +203,7 @@ class _Run:
     """The state of one run while it applies."""
 
     def __init__(self, start_spark, store: MetadataStore, config: Config, state: ckpt.ReplicatState, connection,
-                 plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer):
+                 plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer, target_dsn: str | None = None):
         self.start_spark, self.store, self.config, self.state = start_spark, store, config, state
         self.connection, self.plans, self.checkpoint, self.result, self.timer = (connection, plans, checkpoint,
                                                                                result, timer)
@@ -212,6 +213,9 @@ class _Run:
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
+        # Insert-only groups on several sessions at once (parallel.py); lanes open when first used.
+        self.parallel = (ParallelApply(self, replicat.apply_parallelism, lane_connection(config, target_dsn))
+                         if replicat.apply_parallelism > 1 else None)
         self.current_dir = str(config.home)
         self.workdir = config.path(Path("var") / "replicat" / state.group)
         self.fs = trailfs.for_location(state.exttrail, None if trailfs.is_local(state.exttrail) else start_spark())
@@ -265,10 +269,16 @@ class _Run:
 
     def apply_chunk(self, chunk: Chunk) -> None:
         if chunk.net is not None:
-            self.fast.prepare({e.table for entries in chunk.net.units.values() for e in entries})
+            self.fast.prepare(chunk.net.tables())
             self.fast.stage(chunk.net.staged)
-        for group in chunk.groups:
-            self.apply_group(chunk, group)
+        if self.parallel is not None:
+            with self.connection.cursor() as cur:
+                quiet = self.windows.quiet(cur, chunk)
+            self.connection.commit()
+            self.parallel.apply(chunk, parallel=quiet)
+        else:
+            for group in chunk.groups:
+                self.apply_group(chunk, group)
         self.result.skipped += chunk.skipped
         if chunk.end > self.checkpoint.position:
             # Past transactions already applied (skipped) after the last group: move the
@@ -282,23 +292,14 @@ class _Run:
         self.flush()
 
     def apply_group(self, chunk: Chunk, group: Group) -> None:
+        """One group as one target transaction on the run's own session."""
         began = time.perf_counter()
         try:
             with self.connection.cursor() as cur:
-                for unit, truncated in group.units:
-                    if truncated is not None:
-                        self.fast.truncate(cur, truncated)
-                        continue
-                    entries = chunk.net.units.get(unit, []) if chunk.net else []
-                    for entry in entries:
-                        if entry.unresolved:
-                            raise NeedsReplay(f"unit {unit} table {entry.table}")
-                    self.fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
+                self.apply_units(cur, self.fast, chunk, group)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
-                self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
-                                           cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
-                                           log_bsn=group.log_bsn)
+                self.write_group_checkpoint_row(cur, group)
                 crashpoint("before_target_commit")
             self.connection.commit()
         except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
@@ -309,23 +310,52 @@ class _Run:
         except psycopg2.Error as exc:  # not the data: the target itself (a missing grant, a lost connection)
             self._rollback_quietly()
             self.flush()
-            first = chunk.transaction(group.txns[0])[0]
-            raise TrailboundError(f"target error applying the group from {chunk.path_of(first['seqno'])} rba "
-                                  f"{first['rba']} (CSN {Csn.from_row(first)} to {group.log_csn}): "
-                                  f"{' '.join((exc.pgerror or str(exc)).split())}") from None  # one line
+            raise self.target_error(chunk, group, exc) from None
         except BaseException:
             self._rollback_quietly()
             raise
         committed = time.perf_counter()
         crashpoint("after_target_commit")
+        self.group_committed(group, statements=copied - began, committing=committed - copied)
+
+    def apply_units(self, cur, fast: FastApplier, chunk: Chunk, group: Group) -> None:
+        """The group's net rows, unit by unit, on `fast`'s session (inside its transaction)."""
+        for unit, truncated in group.units:
+            if truncated is not None:
+                fast.truncate(cur, truncated)
+                continue
+            entries = chunk.net.units.get(unit, []) if chunk.net else []
+            for entry in entries:
+                if entry.unresolved:
+                    raise NeedsReplay(f"unit {unit} table {entry.table}")
+            fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
+
+    def write_group_checkpoint_row(self, cur, group: Group) -> None:
+        self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
+                                   cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts, log_bsn=group.log_bsn)
+
+    def group_committed(self, group: Group, *, statements: float, committing: float, waiting: float = 0.0) -> None:
+        """After a group's target transaction committed (here or on a parallel lane), in
+        trail order: the file checkpoint, the counts."""
+        began = time.perf_counter()
         self._save(ckpt.Checkpoint(group.end, group.log_csn, group.log_bsn, group.audit_ts))
         crashpoint("between_groups")
         self.result.groups += 1
         self.result.transactions += len(group.txns)
         self.result.operations += group.operations
-        self.timer.add("apply: COPY and merge", copied - began)
-        self.timer.add("apply: checkpoint row and commit", committed - copied)
-        self.timer.add("apply: metadata checkpoint", time.perf_counter() - committed)
+        self.timer.add("apply: COPY and merge", statements)
+        if waiting:
+            self.timer.add("apply: waiting to commit in trail order", waiting)
+        self.timer.add("apply: checkpoint row and commit", committing)
+        self.timer.add("apply: metadata checkpoint", time.perf_counter() - began)
+
+    def target_error(self, chunk: Chunk, group: Group, exc: psycopg2.Error) -> TrailboundError:
+        """The error of a target that refused a group for another reason than its data
+        (a missing grant, a lost connection): one line naming where the group starts."""
+        first = chunk.transaction(group.txns[0])[0]
+        return TrailboundError(f"target error applying the group from {chunk.path_of(first['seqno'])} rba "
+                               f"{first['rba']} (CSN {Csn.from_row(first)} to {group.log_csn}): "
+                               f"{' '.join((exc.pgerror or str(exc)).split())}")  # one line
 
     def replay_group(self, chunk: Chunk, group: Group, reason: Exception) -> None:
         """Apply a group transaction by transaction, each with its checkpoint row."""
@@ -449,9 +479,13 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             if not files:
                 result.note = "nothing new in the trail"
                 return result
-            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer)
-            for chunk in run.chunks(files, start_rba):
-                run.apply_chunk(chunk)
+            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer, target_dsn)
+            try:
+                for chunk in run.chunks(files, start_rba):
+                    run.apply_chunk(chunk)
+            finally:
+                if run.parallel is not None:
+                    run.parallel.close()
             shutil.rmtree(run.workdir, ignore_errors=True)
             result.end, result.log_csn = run.checkpoint.position, run.checkpoint.log_csn
             result.timings = dict(timer.phases)

@@ -1,0 +1,203 @@
+"""Parallel apply (GoldenGate's APPLY_PARALLELISM): groups that only insert run on
+several target sessions at once and commit one after another, in trail order.
+
+One session spends most of a group's time waiting: for the server to set up each COPY,
+for the commit, for the round trips in between. With `apply_parallelism` sessions
+("lanes"), group g+1 sends its rows while g is still being applied. What stays as it was:
+
+- **Exactly once.** A lane writes its group's checkpoint row and commits only once the
+  group before it has committed (it waits for that group's outcome), so the committed
+  groups are always a prefix of the trail and the checkpoint row names its end. A crash
+  anywhere rolls back the groups not committed; the next run starts after the last one
+  that was.
+- **The same result as one at a time.** Only groups whose every unit inserts new rows
+  (no staged delete, update or key move, no TRUNCATE) go to the lanes, and only in a
+  chunk that no load window can touch. New rows of consecutive groups have different
+  keys unless the trail inserts one key twice, which fails as it would have anyway.
+- **Failures are handled as before.** When a group fails, every group after it rolls
+  back without committing; the failed one is replayed transaction by transaction (a
+  row the target refuses) or applied again alone (a lock wait ended by lock_timeout, a
+  deadlock), and the rest follow.
+
+Locks: a parallel group waits only for earlier groups (an insert waits for an
+uncommitted duplicate key, or for the row a foreign key references). The one way an
+earlier group could wait for a later one is a key inserted twice, the later insert first:
+the earlier then waits for a lock held by a group that waits for it to commit. The
+lanes' `lock_timeout` ends that wait, and both are applied one at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+
+from trailbound.crash import crashpoint
+from trailbound.replicat import target as tgt
+from trailbound.replicat.apply import DATA_ERRORS, Collision, FastApplier, NeedsReplay
+from trailbound.replicat.chunks import Chunk, Group
+
+# Long enough for a later group's insert to wait out an earlier group's commit (a
+# foreign key to a row it inserts); it only ends a wait that would never end.
+LOCK_TIMEOUT = "5s"
+# Errors after which a group is applied again alone: lock_timeout, a deadlock, a
+# serialization failure. Nothing of the group was committed.
+APPLY_ALONE = (psycopg2.errors.LockNotAvailable, psycopg2.extensions.TransactionRollbackError)
+
+
+@dataclass
+class Outcome:
+    committed: bool
+    error: BaseException | None = None
+    statements: float = 0.0     # seconds sending the group's rows
+    waiting: float = 0.0        # seconds waiting for the group before it to commit
+    committing: float = 0.0     # seconds writing the checkpoint row and committing
+
+
+class Lane:
+    """One target session of its own, and the thread that drives it."""
+
+    def __init__(self, number: int, connection, plans):
+        self.number, self.connection = number, connection
+        self.fast = FastApplier(connection, plans, staging=False)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replicat-lane-{number}")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        if not self.connection.closed:
+            self.connection.close()
+
+
+@dataclass
+class _InFlight:
+    group: Group
+    lane: Lane
+    outcome: Future
+
+
+class ParallelApply:
+    """Applies a chunk's groups, the eligible ones on up to `lanes` sessions at once.
+    `run` is the replicat run (replicat/run.py's `_Run`): it applies units, writes
+    checkpoint rows, records committed groups and applies a group alone or replays it."""
+
+    def __init__(self, run, lanes: int, connect):
+        self.run, self.wanted, self.connect = run, lanes, connect
+        self.lanes: list[Lane] = []
+        self._stopping = threading.Event()
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+        self.lanes = []
+
+    def apply(self, chunk: Chunk, parallel: bool) -> None:
+        """Apply every group of the chunk; with `parallel` (no load window in play), the
+        eligible ones on the lanes."""
+        todo = deque(chunk.groups)
+        window: deque[_InFlight] = deque()
+        try:
+            while todo or window:
+                group = todo[0] if todo else None
+                if group is not None and parallel and len(window) < self.wanted and eligible(chunk, group):
+                    todo.popleft()
+                    lane = self._free_lane(chunk, {flight.lane.number for flight in window})
+                    previous = window[-1].outcome if window else None
+                    window.append(_InFlight(group, lane, lane.pool.submit(self._apply, lane, chunk, group, previous)))
+                elif window:
+                    flight = window.popleft()
+                    outcome = flight.outcome.result()
+                    if outcome.committed:
+                        self.run.group_committed(group=flight.group, statements=outcome.statements,
+                                                 waiting=outcome.waiting, committing=outcome.committing)
+                        continue
+                    # Nothing after it commits (each lane waits for the group before);
+                    # they are applied again after it.
+                    for later in window:
+                        later.outcome.result()
+                    todo.extendleft(reversed([later.group for later in window]))
+                    window.clear()
+                    self._after_failure(chunk, flight.group, outcome.error)
+                else:
+                    self.run.apply_group(chunk, todo.popleft())
+        except BaseException:
+            self._stopping.set()  # the lanes roll back what they hold, commit nothing more
+            for flight in window:
+                flight.outcome.exception()
+            self._stopping.clear()
+            raise
+
+    def _free_lane(self, chunk: Chunk, busy: set[int]) -> Lane:
+        for lane in self.lanes:
+            if lane.number not in busy:
+                break
+        else:
+            lane = Lane(len(self.lanes), self.connect(), self.run.plans)
+            with lane.connection.cursor() as cur:
+                cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
+            lane.connection.commit()
+            self.lanes.append(lane)
+        lane.fast.prepare(chunk.net.tables() if chunk.net else ())
+        return lane
+
+    def _apply(self, lane: Lane, chunk: Chunk, group: Group, previous: Future | None) -> Outcome:
+        """On the lane's thread: the group's rows, then (once the group before has
+        committed) its checkpoint row and COMMIT. Never raises: the outcome says."""
+        began = time.perf_counter()
+        try:
+            with lane.connection.cursor() as cur:
+                self.run.apply_units(cur, lane.fast, chunk, group)
+                sent = time.perf_counter()
+                if (previous is not None and not previous.result().committed) or self._stopping.is_set():
+                    lane.connection.rollback()
+                    return Outcome(False)
+                ready = time.perf_counter()
+                self.run.write_group_checkpoint_row(cur, group)
+                crashpoint("before_target_commit")
+            lane.connection.commit()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which decides
+            _rollback_quietly(lane.connection)
+            return Outcome(False, exc)
+        crashpoint("after_target_commit")
+        return Outcome(True, None, sent - began, ready - sent, time.perf_counter() - ready)
+
+    def _after_failure(self, chunk: Chunk, group: Group, error: BaseException | None) -> None:
+        if isinstance(error, (*DATA_ERRORS, Collision, NeedsReplay)):
+            self.run.replay_group(chunk, group, reason=error)
+        elif isinstance(error, APPLY_ALONE):
+            self.run.apply_group(chunk, group)
+        elif isinstance(error, psycopg2.Error):
+            self.run.flush()
+            raise self.run.target_error(chunk, group, error)
+        elif error is not None:
+            raise error
+
+
+def eligible(chunk: Chunk, group: Group) -> bool:
+    """A group that only inserts new rows: no TRUNCATE, and no unit with staged rows
+    (deletes, updates, key moves) or records left to replay one at a time."""
+    for unit, truncated in group.units:
+        if truncated is not None:
+            return False
+        for entry in chunk.net.units.get(unit, ()) if chunk.net else ():
+            if entry.staged is not None or entry.unresolved:
+                return False
+    return True
+
+
+def _rollback_quietly(connection) -> None:
+    try:
+        if not connection.closed:
+            connection.rollback()
+    except psycopg2.Error:
+        pass
+
+
+def lane_connection(config, dsn: str | None):
+    """A function that opens one more target session for a lane."""
+    return lambda: tgt.connect(config, dsn)
