@@ -15,7 +15,7 @@ from trailbound.archive.contract import split_table_name
 
 def write_config(tmp_path: Path, *, tables=("shop.*", "hr.*"), megabytes: float = 64, grouptransops: int = 1000,
                  handlecollisions: bool = False, checkpointtable: str | None = None, maps=None,
-                 home: Path | None = None, exttrail: str = "dirdat/lt") -> Path:
+                 home: Path | None = None, exttrail: str = "dirdat/lt", apply_parallelism: int | None = None) -> Path:
     """A configuration with capture EXT1 and replicat REP1 on one trail; `home` (default
     tmp_path) holds the archive and the trail."""
     path = tmp_path / "trailbound.yaml"
@@ -25,6 +25,8 @@ def write_config(tmp_path: Path, *, tables=("shop.*", "hr.*"), megabytes: float 
             f"    megabytes: {megabytes}\n"
             f"replicats:\n  REP1:\n    exttrail: {exttrail}\n    source: SRC\n    grouptransops: {grouptransops}\n"
             f"    handlecollisions: {str(handlecollisions).lower()}\n")
+    if apply_parallelism is not None:
+        text += f"    apply_parallelism: {apply_parallelism}\n"
     if checkpointtable:
         text += f"    checkpointtable: {json.dumps(checkpointtable)}\n"
     if maps:

@@ -170,6 +170,7 @@ class RunResult:
     operations: int = 0
     skipped: int = 0
     replayed_groups: int = 0
+    parallel_groups: int = 0    # applied on a parallel lane (parallel.py)
     collisions: int = 0
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
@@ -182,6 +183,8 @@ class RunResult:
         text += (f", applied {self.transactions} transactions ({self.operations} operations) in {self.groups} target "
                  f"transactions; skipped {self.skipped} already applied; now at seqno {self.end.seqno} rba "
                  f"{self.end.rba}, log_csn {self.log_csn or 'none'}")
+        if self.parallel_groups:
+            text += f"; {self.parallel_groups} of them on parallel sessions"
         if self.replayed_groups:
             text += f"; {self.replayed_groups} group(s) replayed transaction by transaction"
         if self.collisions:
@@ -334,7 +337,7 @@ class _Run:
         self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
                                    cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts, log_bsn=group.log_bsn)
 
-    def group_committed(self, group: Group, *, statements: float, committing: float, waiting: float = 0.0) -> None:
+    def group_committed(self, group: Group, *, statements: float, committing: float, waiting: float | None = None) -> None:
         """After a group's target transaction committed (here or on a parallel lane), in
         trail order: the file checkpoint, the counts."""
         began = time.perf_counter()
@@ -344,7 +347,8 @@ class _Run:
         self.result.transactions += len(group.txns)
         self.result.operations += group.operations
         self.timer.add("apply: COPY and merge", statements)
-        if waiting:
+        if waiting is not None:  # applied on a parallel lane
+            self.result.parallel_groups += 1
             self.timer.add("apply: waiting to commit in trail order", waiting)
         self.timer.add("apply: checkpoint row and commit", committing)
         self.timer.add("apply: metadata checkpoint", time.perf_counter() - began)
