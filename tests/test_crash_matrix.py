@@ -245,7 +245,8 @@ def _terminate(dsn: str) -> int:
 
 
 _CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.bounded"),
-                  "pump": ("trailbound.pump.run",), "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply")}
+                  "pump": ("trailbound.pump.run",),
+                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply", "trailbound.replicat.parallel")}
 
 
 def _drop_connection(home: Home, stage: str, spec: str, until, capsys, monkeypatch) -> list[str]:

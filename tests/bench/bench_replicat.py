@@ -273,6 +273,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="row changes per workload")
     parser.add_argument("--grouptransops", type=int, nargs="+", default=[1000, 50_000])
     parser.add_argument("--work", nargs="+", default=["insert", "update"], choices=["insert", "update"])
+    parser.add_argument("--apply-parallelism", type=int, nargs="+", default=[2],
+                        help="replicat's apply_parallelism (sessions applying insert-only groups at once)")
     parser.add_argument("--masters", nargs="+", default=["local[*]"],
                         help="Spark masters to run under: local[N], local[*], or 'standalone' (a master and one "
                              "worker on 127.0.0.1, started here)")
@@ -311,13 +313,14 @@ def main() -> int:
         warm_up(spark, work, defs)
         for kind in args.work:
             transactions, preload, prefix, files, copy_seconds, copied = workloads[kind]
-            for groupops in args.grouptransops:
+            for groupops, sessions in ((g, p) for g in args.grouptransops for p in args.apply_parallelism):
                 meta_dsn = fresh_database(metadata_server, "trailbound_bench_replicat_meta")
                 target_dsn = fresh_database(target_server, "trailbound_bench_replicat_target")
                 config_path = work / kind / "trailbound.yaml"
                 config_path.write_text(f"home: {work / kind}\nsources:\n  BENCH:\n    altarchivelogdest: "
                                        f"{work / 'archive'}\nreplicats:\n  REP1:\n    exttrail: dirdat/lt\n"
-                                       f"    source: BENCH\n    grouptransops: {groupops}\n    map:\n" +
+                                       f"    source: BENCH\n    grouptransops: {groupops}\n"
+                                       f"    apply_parallelism: {sessions}\n    map:\n" +
                                        "".join(f"      - {{source: {t}, target: {t}}}\n" for t in TABLES))
                 config = configuration.load(config_path)
                 with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
@@ -337,10 +340,10 @@ def main() -> int:
                 assert result.operations == args.rows, result.describe()
                 digest = target_digest(target_dsn)
                 digests.setdefault((kind, groupops), set()).add(digest)
-                results.append((master, kind, groupops, len(transactions), result, seconds, copy_seconds, copied,
-                                digest))
-                timings[(master, kind, groupops)] = result.timings
-                print(f"{master} {kind}-heavy, grouptransops {groupops}: {args.rows / seconds:,.0f} changes/s "
+                results.append((master, kind, groupops, sessions, len(transactions), result, seconds, copy_seconds,
+                                copied, digest))
+                timings[(master, kind, groupops, sessions)] = result.timings
+                print(f"{master} {kind}-heavy, grouptransops {groupops}, {sessions} session(s): {args.rows / seconds:,.0f} changes/s "
                       f"({seconds:.1f} s); plain COPY {copied / copy_seconds:,.0f} rows/s ({copy_seconds:.1f} s); "
                       f"target digest {digest}\n  {result.describe()}\n  "
                       f"{ {k: round(v, 1) for k, v in result.timings.items()} }", flush=True)
@@ -353,20 +356,22 @@ def main() -> int:
 
     command = (f".venv/bin/python tests/bench/bench_replicat.py --rows {args.rows} --grouptransops "
                f"{' '.join(str(g) for g in args.grouptransops)} --work {' '.join(args.work)} --masters "
-               f"{' '.join(args.masters)}")
+               f"{' '.join(args.masters)} --apply-parallelism {' '.join(str(p) for p in args.apply_parallelism)}")
     lines = []
-    for master, kind, groupops, txns, result, seconds, copy_seconds, copied, digest in results:
+    for master, kind, groupops, sessions, txns, result, seconds, copy_seconds, copied, digest in results:
         rate, copy_rate = args.rows / seconds, copied / copy_seconds
-        lines.append(f"| {master} | {kind}-heavy | {groupops:,} | {txns:,} | {result.groups:,} | {seconds:.1f} s | "
+        lines.append(f"| {master} | {kind}-heavy | {groupops:,} | {sessions} | {txns:,} | {result.groups:,} | "
+                     f"{seconds:.2f} s | "
                      f"**{rate:,.0f}** | {copy_rate:,.0f} | **{rate / copy_rate:.0%}** | `{digest[:12]}` |")
     phases = sorted({p for t in timings.values() for p in t})
-    header = " | ".join(f"{m}, {k}-heavy, {g:,}" for m, k, g in timings)
+    header = " | ".join(f"{m}, {k}-heavy, {g:,}, {p} session(s)" for m, k, g, p in timings)
     breakdown = "\n".join(f"| {p} | " + " | ".join(f"{timings[key].get(p, 0):.1f} s" for key in timings) + " |"
                           for p in phases)
     speedups = []
     for kind in args.work:
         for groupops in args.grouptransops:
-            seconds = {m: sec for m, k, g, _, _, sec, _, _, _ in results if (k, g) == (kind, groupops)}
+            seconds = {m: sec for m, k, g, p, _, _, sec, _, _, _ in results
+                       if (k, g, p) == (kind, groupops, args.apply_parallelism[0])}
             if "local[1]" in seconds and "local[2]" in seconds:
                 speedups.append(f"{kind}-heavy at {groupops:,}: local[2] is {seconds['local[1]'] / seconds['local[2]']:.2f}x "
                                 "local[1]")
@@ -392,8 +397,8 @@ Command, from the repository root (`make bench` runs it with the throwaway Postg
 
     {command}
 
-| Spark master | work | grouptransops | source transactions | target transactions | replicat | changes/s | plain COPY rows/s | share of COPY | target digest |
-|---|---|---|---|---|---|---|---|---|---|
+| Spark master | work | grouptransops | apply_parallelism | source transactions | target transactions | replicat | changes/s | plain COPY rows/s | share of COPY | target digest |
+|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
 {"; ".join(speedups) + "." if speedups else ""}

@@ -17,6 +17,8 @@
    background thread.
 5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
    table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
+   Groups that only insert run on `apply_parallelism` sessions at once, committed in
+   trail order (parallel.py).
    A group the fast path cannot apply is rolled back and replayed transaction by
    transaction (each its own target transaction with its checkpoint row); the record the
    target refuses stops the run, named by trail file, rba, CSN, table and key.

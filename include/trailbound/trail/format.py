@@ -307,18 +307,22 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
     if seqno.isdigit() and name[:-9] == meta.get("trail") and meta["seqno"] != int(seqno):
         raise TrailError(path, f"its footer says trail seqno {meta['seqno']}, its name {int(seqno)}: a file copied "
                                "or renamed into the wrong place", rba=0)
+    # A file whose SHA-256 is the one recorded at commit is, byte for byte, the file its
+    # writer checked: its page checksums and content digest cannot tell anything more
+    # (0.08 s per 300,000 records a replicat or pump run does not spend).
+    committed = sha256 is not None
     try:
         # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose first
         # import (pandas with it) costs a replicat or pump run 0.2 s.
         table = pq.ParquetFile(path if source is None else pa.BufferReader(source),
-                               page_checksum_verification=True).read().replace_schema_metadata(None)
+                               page_checksum_verification=not committed).read().replace_schema_metadata(None)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=0) from None
     if verify:
         if len(table) != meta["records"]:
             raise TrailError(path, f"holds {len(table)} records, its metadata says {meta['records']}",
                              rba=min(len(table), meta["records"]))
-        if _content_digest(table) != meta["content_sha256"]:
+        if not committed and _content_digest(table) != meta["content_sha256"]:
             raise TrailError(path, "content checksum does not match its metadata", rba=0)
         rbas = table.column("rba").to_numpy(zero_copy_only=False)
         wrong = np.flatnonzero(rbas != np.arange(len(rbas)))
