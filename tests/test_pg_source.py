@@ -331,3 +331,54 @@ def test_add_source_refuses_an_existing_slot_or_archive(source_dsn, tmp_path, mo
     assert "already holds an archive" in capsys.readouterr().err
     assert query(source_dsn, "SELECT count(*) FROM pg_replication_slots")[0][0] == 0
     assert query(source_dsn, "SELECT count(*) FROM pg_publication")[0][0] == 0
+
+
+def test_extract_run_pull_captures_while_the_pull_reads_the_slot(source_dsn, target_dsn, store, spark, tmp_path,
+                                                                  monkeypatch, capsys):
+    """`extract run EXT1 --pull`: the pull runs in a child process while capture rounds
+    take what lands in the archive, then a last round takes the rest. The trail holds
+    every committed change once: the replica equals the source. Refused: --until with
+    it, and a source that is not a PostgreSQL database."""
+    source = source_dsn
+    monkeypatch.setenv(SOURCE_ENV, source)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    config_path = write_config(tmp_path, segment={"records": 2000})
+    config = configuration.load(config_path)
+    archive = config.archive_dir("PG")
+    pgbench(source, "-i", "-I", "dtp", "-q")
+    execute(source, "ALTER TABLE pgbench_history REPLICA IDENTITY FULL", ODD)
+    assert _run(config_path, "add", "source", "PG") == 0
+    assert _run(config_path, "target", "create") == 0
+    pgbench(source, "-i", "-I", "g", "-q")  # 100,000 rows: many segments for the rounds to follow
+    pgbench(source, "-n", "-c", "2", "-t", "200", tmp_path=tmp_path, scripts={"transfer": TRANSFER})
+    capsys.readouterr()
+
+    assert _run(config_path, "extract", "run", "EXT1", "--pull") == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("Source PG: pulled "), out
+    assert any(line.startswith("Extract EXT1") for line in out[1:]), out
+    _assert_slot_within_archive(source, archive)
+    run_pump(None, store, config, "PMP1")
+    run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert digests(target_dsn, TABLES) == digests(source, TABLES)
+    last_commit = max(r["scn"] for r in _records(archive) if r["op"] == "COMMIT")
+    assert Csn.parse(checkpoint_row(target_dsn)["log_csn"]).scn == last_commit
+
+    # A pull that stops (a table changed its columns) ends the command with its error,
+    # after capture took what the archive holds; the slot stays within the archive.
+    execute(source, 'ALTER TABLE "Mixed"."Odd Name" ADD COLUMN extra int',
+            'INSERT INTO "Mixed"."Odd Name" (id, extra) VALUES (-1, 42)')
+    assert _run(config_path, "extract", "run", "EXT1", "--pull") == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("ERROR archive pull PG: ") and "table Mixed.Odd Name has columns" \
+        in error[0] and "at LSN" in error[0], error
+    _assert_slot_within_archive(source, archive)
+
+    assert _run(config_path, "extract", "run", "EXT1", "--pull", "--until", "2026-11-01T00:00:00Z") == 1
+    assert "--pull reads the source up to now" in capsys.readouterr().err
+    simulated = tmp_path / "simulated.yaml"
+    simulated.write_text(f"home: {tmp_path}\nsources:\n  SIM:\n    altarchivelogdest: sim-archive\nextracts:\n"
+                         "  EXT1: {source: SIM, exttrail: dirdat/sim, table: ['*.*']}\n")
+    assert _run(simulated, "extract", "run", "EXT1", "--pull") == 1
+    assert "source SIM has no postgres: block" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 
     trailbound archive scan|list|verify      the redo archive and its catalog
     trailbound archive mark-backed-up        count a backup of segments (the backedup policy)
-    trailbound extract run EXT1 [--until T]  one capture batch
+    trailbound extract run EXT1 [--until T]  one capture batch (--pull: pull a PostgreSQL source meanwhile)
     trailbound add|delete extract EXT1       add a capture group (ADD EXTRACT), or delete its checkpoints
     trailbound alter extract EXT1 begin ...  reposition capture
     trailbound send extract EXT1 showtrans|skiptrans XID|forcetrans XID   directives for the next run
@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -268,9 +270,65 @@ def info_retention(ctx: Context) -> int:
 def extract_run(ctx: Context) -> int:
     from trailbound.capture.run import run_extract
 
+    if ctx.args.pull:
+        return _extract_run_pulling(ctx)
     result = run_extract(ctx.spark, ctx.store, ctx.config, ctx.args.group, until=ctx.args.until,
                          brreset=ctx.args.brreset)
     print(result.describe())
+    return 0
+
+
+def _extract_run_pulling(ctx: Context) -> int:
+    """`extract run G --pull`: `archive pull` of the extract's PostgreSQL source in a child
+    process, and capture here at the same time: a round over what the archive holds
+    whenever the last one ends, and one more once the pull has ended. The rounds keep
+    Spark's JVM busy (and warm) while the WAL is still being read, instead of starting it
+    cold after the pull; each round is an ordinary run over complete segments (the pull
+    writes the manifest last), so the trail is what a pull then a run would write."""
+    import subprocess
+    import tempfile
+
+    from trailbound.capture.run import run_extract
+
+    if ctx.args.until:
+        raise TrailboundError("--pull reads the source up to now: it cannot be given with --until (a past interval "
+                              "is captured from what is archived already)")
+    name = ctx.config.extract_name(ctx.args.group)
+    source = ctx.config.source_name(ctx.config.extract(name).source)
+    ctx.config.postgres(source)  # a ConfigError unless the source is a PostgreSQL database
+    config = ["--config", str(ctx.args.config)] if ctx.args.config else []  # else the child's environment names it
+    # The child's output goes to files, not pipes: nothing reads it until the end.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.monotonic()
+        pulling = subprocess.Popen([sys.executable, "-m", "trailbound.cli", *config, "archive", "pull", source],
+                                   stdout=out, stderr=err, text=True)
+        ended: list[float] = []  # when the pull ended, noted by a thread that waits for it
+        waiter = threading.Thread(target=lambda: (pulling.wait(), ended.append(time.monotonic())), daemon=True)
+        waiter.start()
+        rounds, brreset = [], ctx.args.brreset
+        try:
+            while True:
+                pull_ended = bool(ended)
+                rounds.append(run_extract(ctx.spark, ctx.store, ctx.config, name, brreset=brreset))
+                brreset = False  # one normal recovery: the first round's
+                if pull_ended:
+                    break
+                if rounds[-1].note:  # nothing new archived yet
+                    waiter.join(timeout=0.5)
+        except BaseException:
+            pulling.kill()
+            waiter.join()
+            raise
+        out.seek(0)
+        err.seek(0)
+        pulled, errors = out.read().strip(), err.read()
+    print(f"{pulled}; pulled in {ended[0] - started:.1f} s, beside {len(rounds) - 1} capture round(s)")
+    for result in [r for r in rounds[:-1] if not r.note] + rounds[-1:]:
+        print(result.describe())
+    if pulling.returncode:
+        failed = [line for line in errors.splitlines() if line.startswith("ERROR ")]
+        raise TrailboundError(f"archive pull {source}: " + (failed[-1].removeprefix("ERROR ") if failed else
+                                                             f"exit status {pulling.returncode}: {errors.strip()[-500:]}"))
     return 0
 
 
@@ -641,6 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("group")
     run.add_argument("--until", type=_utc_time, help="read only segments archived by this time (a past interval)")
     run.add_argument("--brreset", action="store_true", help="one normal recovery, then Bounded Recovery again")
+    run.add_argument("--pull", action="store_true", help="a PostgreSQL source: pull its WAL into the archive (archive "
+                     "pull) while capturing what lands, then capture the rest")
 
     kinds = {}  # add/delete/alter/info -> their KIND subparsers, for the groups below
     for word, handler, text in (("add", add_extract, "add an extract group (ADD EXTRACT)"),

@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=int, default=5, help="pgbench scale of the data load (x 100,000 rows)")
     parser.add_argument("--transactions", type=int, default=125_000, help="pgbench transactions after the load")
+    parser.add_argument("--separate", action="store_true",
+                        help="`archive pull`, then `extract run` (default: `extract run --pull`, capturing while "
+                             "the pull runs)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
 
@@ -145,11 +148,17 @@ def main(argv: list[str] | None = None) -> int:
 
     timings = {}
     pipeline_started = time.monotonic()
-    timings["pull"], pulled = run([*tb, "archive", "pull", "PGB"], env)
+    if args.separate:
+        timings["pull"], pulled = run([*tb, "archive", "pull", "PGB"], env)
+        stages = (("capture", ["extract", "run", "EXTB"]), ("pump", ["pump", "run", "PMPB"]),
+                  ("replicat", ["replicat", "run", "REPB"]))
+    else:
+        timings["pull and capture"], pulled = run([*tb, "extract", "run", "EXTB", "--pull"], env)
+        timings["pull"] = float(re.search(r"pulled in ([0-9.]+) s", pulled).group(1))
+        stages = (("pump", ["pump", "run", "PMPB"]), ("replicat", ["replicat", "run", "REPB"]))
     changes = int(re.search(r"pulled (\d+) change", pulled).group(1))
     print(pulled.strip(), flush=True)
-    for stage, words in (("capture", ["extract", "run", "EXTB"]), ("pump", ["pump", "run", "PMPB"]),
-                         ("replicat", ["replicat", "run", "REPB"])):
+    for stage, words in stages:
         timings[stage], output = run([*tb, *words], env)
         print(f"{stage}: {timings[stage]:.1f} s", flush=True)
     pipeline = time.monotonic() - pipeline_started
@@ -174,11 +183,22 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     ratio = pipeline / native_time
+    capture_time = (f"{timings['capture']:.0f} s" if args.separate else
+                    f"{timings['pull and capture'] - timings['pull']:.0f} s after the pull ended")
     smaller = ("" if changes >= 900_000 else
                "\n\nThe default backlog is about 1,000,000 row changes (scale 5, 125,000 transactions); this run\n"
                "used a smaller one.")
     command = (f"make bench (or: .venv/bin/python tests/bench/bench_live_postgres.py --scale {args.scale} "
-               f"--transactions {args.transactions})")
+               f"--transactions {args.transactions}{' --separate' if args.separate else ''})")
+    if args.separate:
+        stage_rows = (f"| `trailbound archive pull` (the slot to archive segments) | {timings['pull']:.1f} s | "
+                      f"{changes / timings['pull']:,.0f} changes/s |\n"
+                      f"| `trailbound extract run` (capture, Spark local) | {timings['capture']:.1f} s | |")
+    else:
+        stage_rows = (f"| `trailbound extract run --pull` (the pull in a child process, capture rounds beside it "
+                      f"in one Spark session) | {timings['pull and capture']:.1f} s | |\n"
+                      f"| of which the pull (the slot to archive segments, sharing the CPUs with capture) | "
+                      f"{timings['pull']:.1f} s | {changes / timings['pull']:,.0f} changes/s |")
     # The run loads the CPUs itself (and a run just before it leaves its load in the one-minute
     # average): only past twice the CPU count were other jobs surely running.
     shared = max(load_before[0], load_after[0]) > 2 * (os.cpu_count() or 1)
@@ -199,8 +219,7 @@ on the empty tables.{smaller}
 
 | | time | rate |
 |---|---:|---:|
-| `trailbound archive pull` (the slot to archive segments) | {timings['pull']:.1f} s | {changes / timings['pull']:,.0f} changes/s |
-| `trailbound extract run` (capture, Spark local) | {timings['capture']:.1f} s | |
+{stage_rows}
 | `trailbound pump run` | {timings['pump']:.1f} s | |
 | `trailbound replicat run` | {timings['replicat']:.1f} s | |
 | **trailbound pipeline, pull to converged replica** | **{pipeline:.1f} s** | {changes / pipeline:,.0f} changes/s |
@@ -217,7 +236,7 @@ native subscription's apply worker is already a server process. The native
 time runs from CREATE SUBSCRIPTION until the subscriber holds the last transaction
 (pgbench_history's row count, polled every 0.1 s).
 
-Where the pipeline's time goes: capture ({timings['capture']:.0f} s) is a Spark job (a JVM and
+Where the pipeline's time goes: capture ({capture_time}) is a Spark job (a JVM and
 a session, then the work), replicat ({timings['replicat']:.0f} s) applies with Arrow and COPY; the pull
 ({changes / timings['pull']:,.0f} changes/s) decodes pgoutput in Python, one message at a time. The
 native apply worker runs inside the server and writes each change directly. On this
