@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import psycopg2
 import psycopg2.extensions
 import pytest
+from psycopg2 import sql
 
 from capture_kit import ins, new_archive, rec
 from replicat_kit import checkpoint_row, write_config
@@ -218,3 +220,33 @@ def test_a_crash_with_groups_in_flight_on_both_sessions_converges(point, tmp_pat
     assert _rows(target_dsn) == {"shop.orders": {k: f"n{k}" for k in range(1, 601)},
                                  "hr.salaries": {k: None for k in range(1, 301)}}
     assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(records[-1]))
+
+
+def test_a_target_that_takes_no_second_session_is_applied_on_one(tmp_path, spark, store, target_dsn, caplog):
+    """The replicat's role may open one connection (CONNECTION LIMIT 1): the lane cannot
+    be opened, the run says so in a warning and applies every group on its own session."""
+    _insert_only(tmp_path, 100)
+    role = f"tb_one_{uuid.uuid4().hex[:8]}"
+    parts = psycopg2.extensions.parse_dsn(target_dsn)
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
+        cur.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(parts["dbname"]),
+                                                                   sql.Identifier(role)))
+    connection.close()
+    limited = psycopg2.extensions.make_dsn(target_dsn, user=role)
+    try:
+        _, config, records = _prepare(tmp_path, spark, store, limited, tables=("shop.*", "hr.*"), grouptransops=3)
+        result = run_replicat(spark, store, config, "REP1", target_dsn=limited)
+        assert (result.groups, result.parallel_groups) == (100, 0), result.describe()
+        assert any("parallel apply goes on with 1 session(s)" in r.getMessage() and "too many connections" in
+                   r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+        assert _rows(limited) == {"shop.orders": {k: f"n{k}" for k in range(1, 201)},
+                                  "hr.salaries": {k: None for k in range(1, 101)}}
+        assert checkpoint_row(limited)["log_csn"] == str(Csn.from_row(records[-1]))
+    finally:
+        with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+            cur.execute(sql.SQL("ALTER DATABASE {} OWNER TO CURRENT_USER").format(sql.Identifier(parts["dbname"])))
+            cur.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
+            cur.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            cur.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        connection.close()

@@ -28,6 +28,7 @@ lanes' `lock_timeout` ends that wait, and both are applied one at a time.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -39,10 +40,12 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from trailbound.crash import crashpoint
+from trailbound.errors import TrailboundError
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import DATA_ERRORS, Collision, FastApplier, NeedsReplay
 from trailbound.replicat.chunks import Chunk, Group
 
+log = logging.getLogger("trailbound.replicat")
 # Long enough for a later group's insert to wait out an earlier group's commit (a
 # foreign key to a row it inserts); it only ends a wait that would never end.
 LOCK_TIMEOUT = "5s"
@@ -104,9 +107,11 @@ class ParallelApply:
         try:
             while todo or window:
                 group = todo[0] if todo else None
+                lane = None
                 if group is not None and parallel and len(window) < self.wanted and eligible(chunk, group):
-                    todo.popleft()
                     lane = self._free_lane(chunk, {flight.lane.number for flight in window})
+                if lane is not None:
+                    todo.popleft()
                     previous = window[-1].outcome if window else None
                     window.append(_InFlight(group, lane, lane.pool.submit(self._apply, lane, chunk, group, previous)))
                 elif window:
@@ -132,12 +137,22 @@ class ParallelApply:
             self._stopping.clear()
             raise
 
-    def _free_lane(self, chunk: Chunk, busy: set[int]) -> Lane:
+    def _free_lane(self, chunk: Chunk, busy: set[int]) -> Lane | None:
+        """A lane with no group in flight, opened if need be; None when the target takes
+        no more sessions (a connection limit): then the run goes on with the lanes it has,
+        or on its own session."""
         for lane in self.lanes:
             if lane.number not in busy:
                 break
         else:
-            lane = Lane(len(self.lanes), self.connect(), self.run.plans)
+            try:
+                connection = self.connect()
+            except TrailboundError as exc:
+                self.wanted = max(1, len(self.lanes))
+                log.warning("replicat %s: parallel apply goes on with %d session(s): another one could not be "
+                            "opened: %s", self.run.state.group, self.wanted, exc)
+                return None
+            lane = Lane(len(self.lanes), connection, self.run.plans)
             with lane.connection.cursor() as cur:
                 cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
             lane.connection.commit()
