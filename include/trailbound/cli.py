@@ -326,9 +326,9 @@ def _extract_run_pulling(ctx: Context) -> int:
     for result in [r for r in rounds[:-1] if not r.note] + rounds[-1:]:
         print(result.describe())
     if pulling.returncode:
-        failed = [line for line in errors.splitlines() if line.startswith("ERROR ")]
-        raise TrailboundError(f"archive pull {source}: " + (failed[-1].removeprefix("ERROR ") if failed else
-                                                             f"exit status {pulling.returncode}: {errors.strip()[-500:]}"))
+        failed = [line.removeprefix("ERROR ") for line in errors.splitlines() if line.startswith("ERROR ")]
+        reason = failed[-1] if failed else f"exit status {pulling.returncode}: {errors.strip()[-500:]}"
+        raise TrailboundError(f"archive pull {source}: {reason}")
     return 0
 
 

@@ -343,7 +343,8 @@ def main() -> int:
                 results.append((master, kind, groupops, sessions, len(transactions), result, seconds, copy_seconds,
                                 copied, digest))
                 timings[(master, kind, groupops, sessions)] = result.timings
-                print(f"{master} {kind}-heavy, grouptransops {groupops}, {sessions} session(s): {args.rows / seconds:,.0f} changes/s "
+                print(f"{master} {kind}-heavy, grouptransops {groupops}, {sessions} session(s): "
+                      f"{args.rows / seconds:,.0f} changes/s "
                       f"({seconds:.1f} s); plain COPY {copied / copy_seconds:,.0f} rows/s ({copy_seconds:.1f} s); "
                       f"target digest {digest}\n  {result.describe()}\n  "
                       f"{ {k: round(v, 1) for k, v in result.timings.items()} }", flush=True)

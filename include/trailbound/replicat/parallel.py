@@ -28,6 +28,7 @@ lanes' `lock_timeout` ends that wait, and both are applied one at a time.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -92,6 +93,7 @@ class ParallelApply:
     def __init__(self, run, lanes: int, connect):
         self.run, self.wanted, self.connect = run, lanes, connect
         self.lanes: list[Lane] = []
+        self._numbers = itertools.count()  # lane numbers, never reused
         self._stopping = threading.Event()
 
     def close(self) -> None:
@@ -138,27 +140,28 @@ class ParallelApply:
             raise
 
     def _free_lane(self, chunk: Chunk, busy: set[int]) -> Lane | None:
-        """A lane with no group in flight, opened if need be; None when the target takes
-        no more sessions (a connection limit): then the run goes on with the lanes it has,
-        or on its own session."""
-        for lane in self.lanes:
-            if lane.number not in busy:
-                break
-        else:
-            try:
-                connection = self.connect()
-            except TrailboundError as exc:
-                self.wanted = max(1, len(self.lanes))
-                log.warning("replicat %s: parallel apply goes on with %d session(s): another one could not be "
-                            "opened: %s", self.run.state.group, self.wanted, exc)
-                return None
-            lane = Lane(len(self.lanes), connection, self.run.plans)
-            with lane.connection.cursor() as cur:
-                cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
-            lane.connection.commit()
-            self.lanes.append(lane)
-        lane.fast.prepare(chunk.net.tables() if chunk.net else ())
-        return lane
+        """A lane with no group in flight, opened if need be, ready for the chunk's
+        tables. None when a session cannot be had (the target's connection limit, a lost
+        session): the run goes on with the lanes it still has, or on its own session,
+        which reports a target that is gone as any run does."""
+        lane = next((lane for lane in self.lanes if lane.number not in busy), None)
+        try:
+            if lane is None:
+                lane = Lane(next(self._numbers), self.connect(), self.run.plans)
+                self.lanes.append(lane)
+                with lane.connection.cursor() as cur:
+                    cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
+                lane.connection.commit()
+            lane.fast.prepare(chunk.net.tables() if chunk.net else ())
+            return lane
+        except (TrailboundError, psycopg2.Error) as exc:
+            if lane is not None:
+                self.lanes.remove(lane)
+                lane.close()
+            self.wanted = max(1, len(self.lanes))
+            log.warning("replicat %s: parallel apply goes on with %d session(s): another one could not be had: %s",
+                        self.run.state.group, self.wanted, " ".join(str(exc).split()))
+            return None
 
     def _apply(self, lane: Lane, chunk: Chunk, group: Group, previous: Future | None) -> Outcome:
         """On the lane's thread: the group's rows, then (once the group before has
@@ -182,14 +185,15 @@ class ParallelApply:
         return Outcome(True, None, sent - began, ready - sent, time.perf_counter() - ready)
 
     def _after_failure(self, chunk: Chunk, group: Group, error: BaseException | None) -> None:
+        """The oldest group in flight did not commit: replay it, apply it alone, or stop."""
         if isinstance(error, (*DATA_ERRORS, Collision, NeedsReplay)):
             self.run.replay_group(chunk, group, reason=error)
-        elif isinstance(error, APPLY_ALONE):
-            self.run.apply_group(chunk, group)
-        elif isinstance(error, psycopg2.Error):
+        elif isinstance(error, psycopg2.Error) and not isinstance(error, APPLY_ALONE):
             self.run.flush()
             raise self.run.target_error(chunk, group, error)
-        elif error is not None:
+        elif error is None or isinstance(error, APPLY_ALONE):  # None: rolled back unasked (never expected)
+            self.run.apply_group(chunk, group)
+        else:
             raise error
 
 

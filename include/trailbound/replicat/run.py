@@ -339,7 +339,8 @@ class _Run:
         self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
                                    cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts, log_bsn=group.log_bsn)
 
-    def group_committed(self, group: Group, *, statements: float, committing: float, waiting: float | None = None) -> None:
+    def group_committed(self, group: Group, *, statements: float, committing: float,
+                        waiting: float | None = None) -> None:
         """After a group's target transaction committed (here or on a parallel lane), in
         trail order: the file checkpoint, the counts."""
         began = time.perf_counter()
