@@ -26,6 +26,7 @@ from trailbound.crash import CRASH_ENV
 from trailbound.positions import Csn
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
+from trailbound.replicat.info import describe_replicat
 from trailbound.replicat.run import run_replicat
 from trailbound.trail import format as trail
 
@@ -118,6 +119,7 @@ def test_groups_on_two_sessions_commit_in_trail_order(tmp_path, spark, store, ta
         poller.join()
     assert (result.groups, result.parallel_groups, result.replayed_groups) == (200, 200, 0), result.describe()
     assert "200 of them on parallel sessions" in result.describe()
+    assert "in 200 target transactions (200 on parallel sessions)" in describe_replicat(store, config, "REP1", showch=1)
     assert _rows(target_dsn) == {"shop.orders": {k: f"n{k}" for k in range(1, 801)},
                                  "hr.salaries": {k: None for k in range(1, 401)}}
     assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(records[-1]))

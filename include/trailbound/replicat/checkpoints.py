@@ -105,10 +105,11 @@ def record_run(cur, state: ReplicatState, run: dict) -> None:
     cur.execute("UPDATE trailbound.replicat_group SET last_run_end = now() WHERE group_name = %s", (state.group,))
     cur.execute("INSERT INTO trailbound.replicat_run (group_name, started_at, started_from, start_seqno, start_rba,"
                 " end_seqno, end_rba, log_csn, groups, transactions, operations, skipped, replayed_groups,"
-                " collisions, timings) VALUES (%(group)s, %(started_at)s, %(started_from)s, %(start_seqno)s,"
-                " %(start_rba)s, %(end_seqno)s, %(end_rba)s, %(log_csn)s, %(groups)s, %(transactions)s,"
-                " %(operations)s, %(skipped)s, %(replayed_groups)s, %(collisions)s, %(timings)s)",
-                {**run, "group": state.group, "timings": json.dumps(run["timings"])})
+                " parallel_groups, collisions, timings) VALUES (%(group)s, %(started_at)s, %(started_from)s,"
+                " %(start_seqno)s, %(start_rba)s, %(end_seqno)s, %(end_rba)s, %(log_csn)s, %(groups)s,"
+                " %(transactions)s, %(operations)s, %(skipped)s, %(replayed_groups)s, %(parallel_groups)s,"
+                " %(collisions)s, %(timings)s)",
+                {"parallel_groups": 0, **run, "group": state.group, "timings": json.dumps(run["timings"])})
 
 
 def history(cur, group: str, count: int) -> list[dict]:

@@ -103,6 +103,6 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
                       f"{run['started_from']} at seqno {run['start_seqno']} rba {run['start_rba']} to seqno "
                       f"{run['end_seqno']} rba {run['end_rba']}, log_csn {run['log_csn'] or 'none'}",
                   f"    {run['transactions']} transactions ({run['operations']} operations) in {run['groups']} target "
-                  f"transactions, {run['skipped']} skipped, {run['replayed_groups']} group(s) replayed, "
-                  f"{run['collisions']} collision(s)"]
+                  f"transactions ({run['parallel_groups']} on parallel sessions), {run['skipped']} skipped, "
+                  f"{run['replayed_groups']} group(s) replayed, {run['collisions']} collision(s)"]
     return "\n".join(lines + ["", _TIMES])

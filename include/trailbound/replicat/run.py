@@ -502,7 +502,8 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                     "start_rba": result.start.rba, "end_seqno": result.end.seqno, "end_rba": result.end.rba,
                     "log_csn": str(result.log_csn) if result.log_csn else None, "groups": result.groups,
                     "transactions": result.transactions, "operations": result.operations, "skipped": result.skipped,
-                    "replayed_groups": result.replayed_groups, "collisions": result.collisions,
+                    "replayed_groups": result.replayed_groups, "parallel_groups": result.parallel_groups,
+                    "collisions": result.collisions,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()}})
             return result
         finally:
