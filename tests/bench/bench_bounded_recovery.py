@@ -23,6 +23,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from benchdb import fresh_database
+from results import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "bounded-recovery.md"
@@ -163,7 +164,7 @@ Command, from the repository root (`make bench` runs it with the throwaway Postg
 - Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.platform()}, Python {platform.python_version()}.
 """
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
+    write_report(RESULTS, report)
     print(report)
     if not (bound_ok and ratio_72 >= 20):
         print("FAILED: Bounded Recovery did not meet its bound (see above)", file=sys.stderr)

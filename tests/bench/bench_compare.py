@@ -36,6 +36,7 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 from benchdb import fresh_database
+from results import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "include"))
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                   "Spark's task start-up and range planning (one pass over the key's index). Spark's session and its "
                   "Python workers were started before the timing.", "",
               "The 10 changed rows spread over 10 ranges; no replicat runs here, so they are reported in flight (the confirm step did not wait); a differing range costs its row hashes on both sides (50,000 keys each).", ""]
-    RESULTS.write_text("\n".join(lines))
+    write_report(RESULTS, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

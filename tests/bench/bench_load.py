@@ -34,6 +34,7 @@ import psycopg2
 import psycopg2.extensions
 
 from benchdb import fresh_database
+from results import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "include"))
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = f".venv/bin/python tests/bench/bench_load.py --scale {args.scale} --chunk-rows {args.chunk_rows}"
     rate = lambda seconds: f"{rows / seconds:,.0f} rows/s"  # noqa: E731
-    RESULTS.write_text(f"""# Initial load: `trailbound load` beside pg_dump | psql and a plain COPY
+    write_report(RESULTS, f"""# Initial load: `trailbound load` beside pg_dump | psql and a plain COPY
 
 Command: `{command}` (or `make bench`), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, on {platform.node()}:
 {os.cpu_count()} CPUs, Python {platform.python_version()}, PostgreSQL 15 (local throwaway servers, fsync

@@ -42,6 +42,7 @@ import pyarrow as pa
 from psycopg2 import sql
 
 from benchdb import fresh_database
+from results import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "replicat.md"
@@ -416,8 +417,7 @@ Where the time goes (seconds; "prepare" runs in a background thread one chunk ah
 """
     print(report)
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(report + READING)
+        write_report(RESULTS, report + READING)
     return 0
 
 
