@@ -367,9 +367,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def port_open(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+def serving(log: Path, port: int) -> bool:
+    """Has the server logging to `log` bound `port` (uvicorn says so once it has)?"""
+    text = log.read_text() if log.exists() else ""
+    return any(f":{port}" in line for line in text.splitlines() if "Uvicorn running on" in line)
 
 
 def list_runs(world: AirflowWorld, dag_id: str) -> list[dict]:
@@ -402,10 +403,7 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
     backfilled.mkdir()
     world = AirflowWorld(backfilled, write_world(backfilled, total_hours=3, commit_hour=1), new_metadata_database(),
                          "postgresql://nobody@127.0.0.1:1/none")
-    api_port = free_port()
-    world.env.update({"AIRFLOW__API__PORT": str(api_port), "AIRFLOW__API__HOST": "127.0.0.1",
-                      "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-                      "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+    world.env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                       "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
     world.airflow("dags", "reserialize")
     world.airflow("dags", "unpause", "capture_ext1")
@@ -420,14 +418,23 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
                                         start_new_session=True))
 
     try:
-        # The scheduler starts once the API server answers: a task it launched before
-        # would fail to reach the execution API and wait out its retry delay.
-        start("api-server")
-        deadline = time.monotonic() + 180
-        while not port_open(api_port):
-            assert time.monotonic() < deadline and servers[0].poll() is None, \
-                (backfilled / "api-server.log").read_text()[-3000:]
-            time.sleep(0.5)
+        # The scheduler starts once the API server serves: a task it launched before
+        # would fail to reach the execution API and wait out its retry delay. A free port
+        # may be taken by another process before the server binds it (then the server
+        # exits, and that process would answer in its place): try another.
+        for _ in range(3):
+            api_port = free_port()
+            world.env.update({"AIRFLOW__API__PORT": str(api_port),
+                              "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/"})
+            start("api-server")
+            deadline = time.monotonic() + 180
+            while servers[-1].poll() is None and not serving(backfilled / "api-server.log", api_port):
+                assert time.monotonic() < deadline, (backfilled / "api-server.log").read_text()[-3000:]
+                time.sleep(0.5)
+            if servers[-1].poll() is None:
+                break
+            servers.pop()
+        assert servers, (backfilled / "api-server.log").read_text()[-3000:]
         start("scheduler")
         deadline = time.monotonic() + 600
         while True:
