@@ -23,7 +23,8 @@ Locks: a parallel group waits only for earlier groups (an insert waits for an
 uncommitted duplicate key, or for the row a foreign key references). The one way an
 earlier group could wait for a later one is a key inserted twice, the later insert first:
 the earlier then waits for a lock held by a group that waits for it to commit. The
-lanes' `lock_timeout` ends that wait, and both are applied one at a time.
+lanes' `lock_timeout` ends that wait: the earlier is applied alone, the later after it
+(where the duplicate fails, or HANDLECOLLISIONS absorbs it, as on one session).
 """
 
 from __future__ import annotations
