@@ -55,12 +55,12 @@ def _config(tmp_path: Path, tables, *, handlecollisions: bool = False) -> Path:
     return path
 
 
-def _round(spark, store, config_path: Path, target: str) -> None:
+def _round(spark, store, config_path: Path, target: str):
     config = configuration.load(config_path)
     pull(config, "PG")
     run_extract(spark, store, config, "EXT1")
     run_pump(None, store, config, "PMP1")
-    run_replicat(spark, store, config, "REP1", target_dsn=target)
+    return run_replicat(spark, store, config, "REP1", target_dsn=target)
 
 
 def _environment(monkeypatch, source: str, target: str, metadata: str) -> None:
@@ -187,6 +187,12 @@ def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, ta
     assert query(target_dsn, "SELECT count(*) FROM trailbound_load.open_window")[0][0] == 0
     assert query(target_dsn, "SELECT count(*) FROM pg_tables WHERE schemaname = 'trailbound_load'"
                              " AND tablename LIKE 'w\\_%%'")[0][0] == 0, "every staging table is gone"
+    # With no window open any more, inserts go to parallel sessions again (docs/replicat.md).
+    for first in range(10_001, 10_301, 5):
+        execute(source_dsn, f"INSERT INTO items (v) SELECT g FROM generate_series({first}, {first + 4}) g")
+    result = _round(spark, store, config_path, target_dsn)
+    assert result.parallel_groups > 0, result.describe()
+    assert digests(target_dsn, tables) == digests(source_dsn, tables)
 
 
 def test_a_high_watermark_ends_its_replicat_group():

@@ -146,11 +146,15 @@ class Windows:
         return self._present
 
     def quiet(self, cur, chunk) -> bool:
-        """No load window can be touched by the chunk: none has ever reached the target,
-        and the chunk writes no watermark (then its groups may be applied in parallel)."""
-        if self._exists(cur):
+        """No load window can be touched by the chunk: none is open in the target, and the
+        chunk writes no watermark (then its groups may be applied in parallel: nothing
+        can open a window before the chunk's end)."""
+        if pc.any(pc.fill_null(pc.equal(chunk.records.column("table"), WATERMARK.name), False)).as_py():
             return False
-        return not pc.any(pc.fill_null(pc.equal(chunk.records.column("table"), WATERMARK.name), False)).as_py()
+        if not self._exists(cur):
+            return True
+        cur.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(OPEN_WINDOW.ident))
+        return not cur.fetchone()[0]
 
     def apply(self, cur, chunk, txns: list[int]) -> None:
         """Inside the target transaction applying `txns` of `chunk`, after their rows and
