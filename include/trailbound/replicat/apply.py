@@ -214,7 +214,7 @@ class FastApplier:
     def __init__(self, connection, plans: dict[str, TablePlan | None], *, staging: bool = True):
         self.connection = connection
         self.plans = plans
-        self.staging = staging  # False: a parallel lane's session, which only inserts (no staging tables)
+        self._creates_staging = staging  # False: a parallel lane's session, which only inserts
         self._staging: dict[str, _Staging] = {}
         self._sql: dict[str, _Statements] = {}
         self._dirty: set[str] = set()   # staging tables that may hold rows
@@ -228,7 +228,7 @@ class FastApplier:
         with self.connection.cursor() as cur:
             for table in missing:
                 staging = _Staging(len(self._staging) + 1, self.plans[table])
-                if self.staging:
+                if self._creates_staging:
                     cur.execute(staging.ddl())
                 self._staging[table] = staging
                 self._sql[table] = _Statements.of(staging, self.connection)

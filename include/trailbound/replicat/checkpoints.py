@@ -109,7 +109,7 @@ def record_run(cur, state: ReplicatState, run: dict) -> None:
                 " %(start_seqno)s, %(start_rba)s, %(end_seqno)s, %(end_rba)s, %(log_csn)s, %(groups)s,"
                 " %(transactions)s, %(operations)s, %(skipped)s, %(replayed_groups)s, %(parallel_groups)s,"
                 " %(collisions)s, %(timings)s)",
-                {"parallel_groups": 0, **run, "group": state.group, "timings": json.dumps(run["timings"])})
+                {**run, "group": state.group, "timings": json.dumps(run["timings"])})
 
 
 def history(cur, group: str, count: int) -> list[dict]:

@@ -107,12 +107,13 @@ class ParallelApply:
         eligible ones on the lanes."""
         todo = deque(chunk.groups)
         window: deque[_InFlight] = deque()
+        tables = chunk.net.tables() if chunk.net else set()
         try:
             while todo or window:
                 group = todo[0] if todo else None
                 lane = None
                 if group is not None and parallel and len(window) < self.wanted and eligible(chunk, group):
-                    lane = self._free_lane(chunk, {flight.lane.number for flight in window})
+                    lane = self._free_lane(tables, {flight.lane.number for flight in window})
                 if lane is not None:
                     todo.popleft()
                     previous = window[-1].outcome if window else None
@@ -140,11 +141,11 @@ class ParallelApply:
             self._stopping.clear()
             raise
 
-    def _free_lane(self, chunk: Chunk, busy: set[int]) -> Lane | None:
+    def _free_lane(self, tables: set[str], busy: set[int]) -> Lane | None:
         """A lane with no group in flight, opened if need be, ready for the chunk's
-        tables. None when a session cannot be had (the target's connection limit, a lost
-        session): the run goes on with the lanes it still has, or on its own session,
-        which reports a target that is gone as any run does."""
+        `tables`. None when a session cannot be had (the target's connection limit, a
+        lost session): the run goes on with the lanes it still has and opens no more, or
+        on its own session, which reports a target that is gone as any run does."""
         lane = next((lane for lane in self.lanes if lane.number not in busy), None)
         try:
             if lane is None:
@@ -153,15 +154,15 @@ class ParallelApply:
                 with lane.connection.cursor() as cur:
                     cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
                 lane.connection.commit()
-            lane.fast.prepare(chunk.net.tables() if chunk.net else ())
+            lane.fast.prepare(tables)
             return lane
         except (TrailboundError, psycopg2.Error) as exc:
             if lane is not None:
                 self.lanes.remove(lane)
                 lane.close()
-            self.wanted = max(1, len(self.lanes))
+            self.wanted = len(self.lanes)  # 0: every group on the run's own session from now on
             log.warning("replicat %s: parallel apply goes on with %d session(s): another one could not be had: %s",
-                        self.run.state.group, self.wanted, " ".join(str(exc).split()))
+                        self.run.state.group, max(1, self.wanted), " ".join(str(exc).split()))
             return None
 
     def _apply(self, lane: Lane, chunk: Chunk, group: Group, previous: Future | None) -> Outcome:
