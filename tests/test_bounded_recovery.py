@@ -12,6 +12,7 @@ import pytest
 from capture_kit import at, committed_trail, ins, new_archive, rec, state, transactions
 from trailbound import cli
 from trailbound import config as configuration
+from trailbound.archive.writer import encode_json
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.positions import Scn
@@ -208,6 +209,27 @@ def test_long_running_transactions_are_warned_about(tmp_path, spark, store):
     assert warning["xid"] == "LONG" and warning["thread"] == 1
     assert warning["detail"]["age_seconds"] == hours(6) - 1800
     assert warning["detail"]["start_position"] == "1:1:2" and warning["detail"]["records"] == 6
+
+
+def test_an_open_transaction_s_size_is_the_bytes_of_its_images(tmp_path, spark, store, monkeypatch, capsys):
+    """SHOWTRANS and the long-running warning give an open transaction's size in bytes
+    (UTF-8, as the log holds it), not characters: non-ASCII text counts 2-4 bytes a letter."""
+    archive = new_archive(tmp_path)
+    notes = ["Ångström", "北京市朝阳区", "emoji 🚀"]
+    records = [rec(10 + n, "WIDE", "INSERT", "shop.orders", key=n, note=note) for n, note in enumerate(notes)]
+    archive.segment(1, records, hours(4))
+    archive.segment(2, [], hours(4))
+    config_path = write_config(tmp_path)
+    run(spark, store, configuration.load(config_path), 4)  # past WARNLONGTRANS's 3 hours
+    expected = sum(len(encode_json(r["after"]).encode()) for r in records)
+    assert expected > sum(len(encode_json(r["after"])) for r in records)
+    [wide] = state(store).open
+    assert (wide.xid, wide.records, wide.bytes) == ("WIDE", 3, expected)
+    [warning] = warnings(store, "longtrans")
+    assert warning["detail"]["bytes"] == expected
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    assert cli.main(["--config", str(config_path), "send", "extract", "EXT1", "showtrans"]) == 0
+    assert f"bytes {expected}" in capsys.readouterr().out
 
 
 def test_showtrans_skiptrans_and_forcetrans_end_to_end(tmp_path, spark, store, monkeypatch, capsys):

@@ -74,7 +74,7 @@ class Assembly:
 # The roll-up of one transaction's summaries (capture.logread.SUMMARIES), and one row
 # per subtransaction (xid set; only thread, txid, xid, rolled_back_at, last_at filled):
 # its start and last record, its end (first top-level COMMIT or ROLLBACK; end_committed:
-# a COMMIT), its record count and text size, what it puts in the trail (the captured
+# a COMMIT), its record count and size (bytes), what it puts in the trail (the captured
 # records of subtransactions that did not roll back), and what was read of it from the
 # log (restored records aside), for the per-thread read checkpoints.
 _ROLLED_UP = pa.schema([

@@ -50,8 +50,9 @@ RECORDS = pa.schema([
 
 # Per (thread, txid, xid, restored) and task: the first and last record (position, scn,
 # time), the first top-level COMMIT/ROLLBACK (end_committed: a COMMIT), the first
-# ROLLBACK (a savepoint's), the record count and text size, the captured records and
-# their trail size, the records below the previous run's read SCN, the earliest time.
+# ROLLBACK (a savepoint's), the record count and size (UTF-8 bytes of the images), the
+# captured records and their trail size, the records below the previous run's read SCN,
+# the earliest time.
 # Positions are packed (`packed`): one long per position, ordered as the position is.
 SUMMARIES = pa.schema([
     ("thread", pa.int32()), ("txid", pa.string()), ("xid", pa.string()), ("restored", pa.bool_()),
@@ -340,7 +341,7 @@ def _summarize(parts: Iterator[pa.Table], tables: list[str], below: int | None) 
     narrow = []
     for part in parts:
         kept = captured(part)
-        size = pc.add(pc.fill_null(pc.utf8_length(part["before"]), 0), pc.fill_null(pc.utf8_length(part["after"]), 0))
+        size = pc.add(_octets(part["before"]), _octets(part["after"]))
         row_bytes = FIXED_ROW_BYTES
         for name in ("txid", "op", "table", "before", "after"):
             row_bytes = pc.add(row_bytes, _octets(part[name]))

@@ -326,7 +326,8 @@ def _long_transaction_warnings(state: ckpt.ExtractState, extract, read_time) -> 
         if txn.skip_reason is None and age > rule.duration:
             warnings.append({"kind": "longtrans", "xid": txn.xid, "thread": txn.thread, "detail": {
                 "start_position": str(txn.start.position), "start_scn": txn.start.scn, "start_time": txn.start.ts,
-                "age_seconds": int(age.total_seconds()), "records": txn.records}})
+                "age_seconds": int(age.total_seconds()), "records": txn.records,
+                "bytes": txn.bytes}})
     return warnings
 
 
