@@ -103,6 +103,28 @@ def test_dag_files_are_up_to_date_with_the_configuration():
         assert (REPO / "dags" / name).read_text() == text, f"dags/{name} is stale: run `trailbound dags generate`"
 
 
+def test_an_error_raised_in_a_spark_task_of_a_worker_task_names_the_file_not_a_traceback(tmp_path):
+    """compare, load and the replica check run the engine on a Spark session inside the
+    Airflow task (TrailboundHook.spark): a TrailboundError raised in a Spark task (a file
+    and its position) reaches the task log as that error, as the command line prints it,
+    not as the PythonException that carries a worker's traceback."""
+    script = (
+        "from trailbound.errors import ArchiveError, TrailboundError\n"
+        "from trailbound_airflow.hooks import TrailboundHook\n"
+        "def damaged(_):\n"
+        "    raise ArchiveError('/archive/thread_1_seq_7.parquet', 'op is not one of the contract', rba=12)\n"
+        "try:\n"
+        "    with TrailboundHook().spark('hook test') as spark:\n"
+        "        spark.sparkContext.parallelize([0], 1).map(damaged).collect()\n"
+        "except TrailboundError as exc:\n"
+        "    print(f'RAISED {type(exc).__name__}: {exc}')\n")
+    env = airflow_env(tmp_path / "airflow", tmp_path, {"SPARK_MASTER": "local[1]"})
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stdout.splitlines() if line.startswith("RAISED")] == [
+        "RAISED TrailboundError: /archive/thread_1_seq_7.parquet rba 12: op is not one of the contract"]
+
+
 def test_every_dag_imports_with_its_tasks_and_schedule_and_opens_no_connection(tmp_path):
     catcher = ConnectionCatcher()
     dsn = f"postgresql://nobody@127.0.0.1:{catcher.port}/none"

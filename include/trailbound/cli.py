@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Callable
 
 from trailbound import config as configuration
-from trailbound.errors import TrailboundError, raised_in_a_spark_task
+from trailbound.errors import TrailboundError, spark_task_errors_as_ours
 
 
 def _utc_time(text: str) -> datetime:
@@ -880,13 +880,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(args)
     try:
         with _outcome_recorded(ctx, argv):
-            try:
+            with spark_task_errors_as_ours():
                 status = args.handler(ctx)
-            except Exception as exc:
-                in_a_task = raised_in_a_spark_task(exc)
-                if in_a_task is None:
-                    raise
-                raise in_a_task from None
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
         return status
     except TrailboundError as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class TrailboundError(Exception):
@@ -55,3 +57,18 @@ def raised_in_a_spark_task(exc: BaseException) -> TrailboundError | None:
         return None
     found = _RAISED_IN_A_TASK.findall(str(exc))
     return TrailboundError(found[-1]) if found else None
+
+
+@contextmanager
+def spark_task_errors_as_ours() -> Iterator[None]:
+    """Raise the TrailboundError a Spark task raised in place of the PythonException that
+    carries it: the command line and the Airflow tasks that run the engine in their
+    worker (compare, load, the replica check) then report the same one line, naming the
+    file and position, as for an error raised on the driver."""
+    try:
+        yield
+    except Exception as exc:
+        in_a_task = raised_in_a_spark_task(exc)
+        if in_a_task is None:
+            raise
+        raise in_a_task from None

@@ -12,6 +12,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 from trailbound import config as configuration
+from trailbound.errors import spark_task_errors_as_ours
 from trailbound.metadata import MetadataStore
 
 
@@ -123,7 +124,8 @@ class TrailboundHook(BaseHook):
 
         session = spark_session.session(name)
         try:
-            yield session
+            with spark_task_errors_as_ours():  # the task log's error names the file, not a worker's traceback
+                yield session
         finally:
             session.stop()
 
