@@ -125,6 +125,39 @@ def test_an_error_raised_in_a_spark_task_of_a_worker_task_names_the_file_not_a_t
         "RAISED TrailboundError: /archive/thread_1_seq_7.parquet rba 12: op is not one of the contract"]
 
 
+def test_pump_and_replicat_run_in_the_task_only_when_they_need_no_spark_submit(tmp_path):
+    """Local trails and, for replicat, a local Spark master: the run goes in the task (no
+    JVM to start); a trail behind a Hadoop URI or a cluster master: spark-submit."""
+    config = tmp_path / "trailbound.yaml"
+    config.write_text(f"""home: {tmp_path}
+sources:
+  SRC: {{altarchivelogdest: archive}}
+extracts:
+  EXT1: {{source: SRC, exttrail: dirdat/lt, table: ["shop.*"]}}
+pumps:
+  PMP1: {{exttrail: dirdat/lt, rmttrail: dirrmt/rt}}
+  PMPS: {{exttrail: dirdat/lt, rmttrail: "s3a://bucket/dirrmt/st"}}
+replicats:
+  REP1: {{exttrail: dirrmt/rt, source: SRC}}
+  REPS: {{exttrail: "s3a://bucket/dirrmt/st", source: SRC}}
+""")
+    cases = [("pump", "PMP1", None), ("pump", "PMPS", "local[*]"), ("replicat", "REP1", "local[*]"),
+             ("replicat", "REP1", "local[2]"), ("replicat", "REP1", "local"),
+             ("replicat", "REP1", "spark://127.0.0.1:7077"), ("replicat", "REP1", None),
+             ("replicat", "REPS", "local[*]"), ("capture", "EXT1", "local[*]")]
+    script = ("import json, sys\n"
+              "from trailbound_airflow.hooks import TrailboundHook\n"
+              "hook = TrailboundHook()\n"
+              f"print(json.dumps([hook.runs_in_the_task(*case) for case in {cases!r}]))\n")
+    env = airflow_env(tmp_path / "airflow", tmp_path, {"TRAILBOUND_CONFIG": str(config)})
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    decided = dict(zip(cases, json.loads(result.stdout.strip().splitlines()[-1])))
+    assert [case for case, in_task in decided.items() if in_task] == [
+        ("pump", "PMP1", None), ("replicat", "REP1", "local[*]"), ("replicat", "REP1", "local[2]"),
+        ("replicat", "REP1", "local")]
+
+
 def test_every_dag_imports_with_its_tasks_and_schedule_and_opens_no_connection(tmp_path):
     catcher = ConnectionCatcher()
     dsn = f"postgresql://nobody@127.0.0.1:{catcher.port}/none"
@@ -347,6 +380,7 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     for dag_id in ("pump_pmp1", "replicat_rep1"):
         state, output = world.dags_test(dag_id, 4)
         assert state == "success", output[-3000:]
+        assert "needs no spark-submit: running in this task" in output, "local trails, local master: no JVM"
     assert "PASSED: 1 target tables against the trail as applied through" in output
     assert replica_rows(target_dsn) == [(100_000 + h, f"n{100_000 + h}") for h in range(4)]
 

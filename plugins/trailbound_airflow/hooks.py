@@ -129,6 +129,29 @@ class TrailboundHook(BaseHook):
         finally:
             session.stop()
 
+    def runs_in_the_task(self, kind: str, group: str, spark_master: str | None) -> bool:
+        """Whether a pump or replicat run can run in this task instead of a spark-submit
+        job (a JVM and a SparkSession, ~10 s here, for work that needs neither): its trails
+        are on the local filesystem, and for replicat, which starts Spark only to net a
+        key-changing UPDATE, the Spark connection's master is local, so the session it may
+        start in the task is the one spark-submit would have made. Capture always submits."""
+        from trailbound import files as trailfs
+        from trailbound.pump.run import needs_spark
+
+        config = self.config
+        if kind == "pump":
+            return not needs_spark(config, group)
+        if kind == "replicat":
+            local_master = spark_master is not None and (spark_master == "local" or spark_master.startswith("local["))
+            return local_master and trailfs.is_local(config.replicat(config.replicat_name(group)).exttrail)
+        return False
+
+    def run_in_the_task(self, kind: str, group: str, spark_master: str) -> str:
+        """`trailbound pump|replicat run GROUP` in this task (see runs_in_the_task); a Spark
+        session it turns out to need uses `spark_master`."""
+        os.environ["SPARK_MASTER"] = spark_master
+        return self.run_command([kind, "run", group])
+
     def nothing_to_do(self, kind: str, group: str, until: str | None = None) -> str | None:
         """Why a capture/pump/replicat run of `group` has nothing to do (trailbound.idle:
         the metadata store, the archive's manifests, the target's checkpoint table; no
