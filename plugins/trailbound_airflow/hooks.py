@@ -131,7 +131,8 @@ class TrailboundHook(BaseHook):
 
     def runs_in_the_task(self, kind: str, group: str, spark_master: str | None) -> bool:
         """Whether a pump or replicat run can run in this task instead of a spark-submit
-        job (a JVM and a SparkSession, ~10 s here, for work that needs neither): its trails
+        job (whose JVM costs 3-4 s here before our code runs, for work that needs none;
+        docs/architecture.md, "Where each stage runs"): its trails
         are on the local filesystem, and for replicat, which starts Spark only to net a
         key-changing UPDATE, the Spark connection's master is local, so the session it may
         start in the task is the one spark-submit would have made. Capture always submits."""
