@@ -14,16 +14,28 @@ table row (equal to the last CSN of the remote trail), the purged trail files an
 archive segments. Every cell's divergence count goes into the matrix that
 `pytest_terminal_summary` (tests/conftest.py) prints at the end; any divergence fails.
 
-Cost: only the crashing invocations are subprocesses; everything else runs on the
-shared `spark` fixture. Two crashes per stage and round keep the rounds (and the
-baseline's runs) to two. The killed capture and replicat processes do not each start a
-JVM of their own (half a minute on two loaded CPUs, and every Spark job in it cold):
-they drive one Spark JVM the seed starts once (`DriverJvm`), the way spark-submit hands
-a Python driver its JVM (PYSPARK_GATEWAY_PORT). Each such process first stops the Spark
-context a killed predecessor left in it (its cached data, its jobs), so every run starts
-from the files and checkpoints alone, as after a machine's restart; the process itself
-still dies with `kill -9`'s status at its crash point, with its database sessions. The
-seeds run in `make reliability` only (see SEEDS); `make test` runs the plan check.
+Parallel apply (replicat/parallel.py): REP1 groups two operations at least
+(GROUPTRANSOPS), so the simulator's insert-only transactions make insert-only groups
+and each seed's replicat runs send about 150 of them to lanes (extra target sessions
+that commit in trail order); at the 40 it had before, none went. Replicat's cells name
+the thread they die on: `lane:<point>` (lane:mid_copy, lane:before_target_commit,
+lane:after_target_commit) kills the run on a lane's thread, with that group (and maybe
+the next, on the other lane) in flight, and fails if no group reached a lane; a bare
+point kills it on the run's own thread (THREAD_DRIVER), as before lanes existed. Each
+seed also asserts that the crashed home's completed replicat runs applied at least
+MIN_LANE_GROUPS groups on lanes.
+
+Cost: only the crashing invocations are subprocesses; everything else runs on the shared
+`spark` fixture. Two crashes per stage and round (replicat: up to two more, on a lane)
+keep the rounds (and the baseline's runs) to two. The killed capture and replicat
+processes do not each start a JVM of their own (half a minute on two loaded CPUs, and
+every Spark job in it cold): they drive one Spark JVM the seed starts once
+(`DriverJvm`), the way spark-submit hands a Python driver its JVM
+(PYSPARK_GATEWAY_PORT). Each such process first stops the Spark context a killed
+predecessor left in it (its cached data, its jobs), so every run starts from the files
+and checkpoints alone, as after a machine's restart; the process itself still dies with
+`kill -9`'s status at its crash point, with its database sessions. The seeds run in
+`make reliability` only (see SEEDS); `make test` runs the plan check.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -43,7 +56,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
-from crash_kit import DriverJvm
+from crash_kit import CRASH_DRIVER, DriverJvm
 from replicat_kit import checkpoint_row, differences
 from trailbound import cli
 from trailbound import config as configuration
@@ -86,18 +99,27 @@ UNTIL = (2.5, None)
 # commits (after_checkpoint_commit, after_file_commit) comes last: the next run of the
 # round has nothing left to do; the others die before their commit, so the next kill in
 # the same round dies in a run that recovers from the previous one.
+# Replicat's points fire on the thread the cell names: "lane:<point>" only on a parallel
+# apply lane's thread (parallel.py: a group that only inserts, on a target session of its
+# own, while the run's own thread hands out the next group), a bare point only on the
+# run's own thread (its own session; the lanes' groups pass it by).
+LANE = "lane:"
 PLAN = {
     0: [("extract", "mid_br_persist"), ("extract", "before_trail_write"), ("extract", "after_checkpoint_commit"),
         ("pump", "mid_copy"), ("pump", "before_rename"), ("pump", "drop:metadata@after_copy"),
-        ("replicat", "mid_copy"), ("replicat", "after_target_commit"), ("replicat", "drop:target@before_target_commit"),
+        ("replicat", "mid_copy"), ("replicat", "lane:before_target_commit"), ("replicat", "after_target_commit"),
+        ("replicat", "lane:after_target_commit"), ("replicat", "drop:target@before_target_commit"),
         ("purge", "mid_purge"), ("retention", "retention_mid_purge")],
     1: [("extract", "after_br_persist"), ("extract", "mid_trail_write"), ("extract", "after_trail_write"),
         ("extract", "drop:metadata@after_trail_write"),
         ("pump", "after_copy"), ("pump", "after_file_commit"),
-        ("replicat", "before_target_commit"), ("replicat", "between_groups"),
+        ("replicat", "before_target_commit"), ("replicat", "lane:mid_copy"), ("replicat", "between_groups"),
         ("replicat", "drop:metadata@after_target_commit"),
         ("purge", "mid_purge"), ("retention", "retention_after_delete")],
 }
+# The fewest replicat groups the crashed home's (completed) runs of one seed must have
+# applied on lanes; with grouptransops 2 the seeds send 144 to 157 (measured).
+MIN_LANE_GROUPS = 50
 STAGES = ("extract", "pump", "replicat", "purge", "retention")
 # Crash points covered elsewhere, listed in the matrix for completeness.
 ELSEWHERE = {"after_segment_before_manifest": "tests/test_pg_source.py (PostgreSQL miner)",
@@ -105,11 +127,24 @@ ELSEWHERE = {"after_segment_before_manifest": "tests/test_pg_source.py (PostgreS
 
 
 def test_the_plan_names_every_crash_point():
-    planned = {(stage, point) for cells in PLAN.values() for stage, point in cells if not point.startswith("drop:")}
+    planned = {(stage, point.removeprefix(LANE)) for cells in PLAN.values() for stage, point in cells
+               if not point.startswith("drop:")}
+    lanes = {(stage, point) for cells in PLAN.values() for stage, point in cells if point.startswith(LANE)}
+    # between_groups is the run's own thread's (after any group's commit): no lane reaches it.
+    assert lanes and {stage for stage, _ in lanes} == {"replicat"} and ("replicat", "lane:between_groups") not in lanes
     every = ({("extract", p) for p in (*CAPTURE_POINTS, *bounded.CRASH_POINTS)} | {("pump", p) for p in PUMP_POINTS}
              | {("replicat", p) for p in REPLICAT_POINTS} | {("purge", p) for p in PURGE_POINTS}
              | {("retention", p) for p in retention.CRASH_POINTS})
     assert planned == every
+
+
+# Replicat's GROUPTRANSOPS. 2: a group is one source transaction, or a few of one
+# operation each, so the simulator's insert-only transactions (a new order and its
+# lines, timesheets, page views, a third of them) make insert-only groups, which parallel
+# apply sends to lanes (about 150 per seed), while 200 groups still hold several
+# transactions. At 40 (before), a group held a dozen transactions, one of them always
+# updating or deleting: no group went to a lane (one in some seeds).
+GROUPTRANSOPS = 2
 
 
 def _config_text(home: Path) -> str:
@@ -130,7 +165,7 @@ extracts:
 pumps:
   PMP1: {{exttrail: dirdat/lt, rmttrail: dirrmt/rt}}
 replicats:
-  REP1: {{exttrail: dirrmt/rt, source: SRC, grouptransops: 40}}
+  REP1: {{exttrail: dirrmt/rt, source: SRC, grouptransops: {GROUPTRANSOPS}, apply_parallelism: 2}}
 purgeoldextracts: {{minkeephours: 0, minkeepfiles: 1}}
 retention:
   minkeephours: 0
@@ -247,16 +282,48 @@ def _terminate(dsn: str) -> int:
 _CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.bounded"),
                   "pump": ("trailbound.pump.run",),
                   "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply", "trailbound.replicat.parallel")}
+# The threads parallel.py's lanes run on (ThreadPoolExecutor "replicat-lane-<n>_<i>").
+LANE_THREAD = "replicat-lane-"
+THREAD_ENV = "TRAILBOUND_MATRIX_CRASH_THREAD"
+# What a killed replicat runs: CRASH_DRIVER, with its crash points firing only on the
+# thread the cell names ($TRAILBOUND_MATRIX_CRASH_THREAD: lane or main).
+THREAD_DRIVER = f"""
+import os
+import threading
+from trailbound import crash
+from trailbound.replicat import apply, parallel, run
+
+_fire, _on_lane = crash.crashpoint, os.environ.pop({THREAD_ENV!r}) == "lane"
+
+
+def _crashpoint(name):
+    if threading.current_thread().name.startswith({LANE_THREAD!r}) == _on_lane:
+        _fire(name)
+
+
+for _module in (apply, parallel, run):
+    _module.crashpoint = _crashpoint
+""" + CRASH_DRIVER
+
+
+def _on_thread(point: str) -> tuple[str, bool]:
+    """A replicat cell's crash point, and whether it fires on a lane's thread only."""
+    return point.removeprefix(LANE), point.startswith(LANE)
+
+
+def _on_a_lane() -> bool:
+    return threading.current_thread().name.startswith(LANE_THREAD)
 
 
 def _drop_connection(home: Home, stage: str, spec: str, until, capsys, monkeypatch) -> list[str]:
     """Run `stage` through the CLI in process; at crash point `point` the metadata store
     or the target loses its connections. Returns what went wrong (empty: a clean error)."""
     database, point = spec.removeprefix("drop:").split("@")
+    point, on_lane = _on_thread(point)
     dropped = []
 
     def hook(name: str) -> None:
-        if name == point and not dropped:
+        if name == point and not dropped and (stage != "replicat" or _on_a_lane() == on_lane):
             dropped.append(_terminate(home.metadata_dsn if database == "metadata" else home.target_dsn))
 
     with monkeypatch.context() as patch:
@@ -287,14 +354,20 @@ def _crash(home: Home, stage: str, point: str, until, jvm: DriverJvm) -> list[st
     """Kill `stage` at `point` (a subprocess), and check that the cell means something."""
     br_before = _br_files(home)
     env = {**os.environ, **home.env(), CRASH_ENV: point}
-    if stage in ("extract", "replicat"):  # the Spark stages: on the seed's JVM
+    if stage == "replicat":  # on the seed's JVM, killed on the thread the cell names
+        name, on_lane = _on_thread(point)
+        command = [sys.executable, "-c", THREAD_DRIVER, *home.argv(stage, until)]
+        env.update(jvm.env)
+        env.update({CRASH_ENV: name, THREAD_ENV: "lane" if on_lane else "main"})
+    elif stage == "extract":  # the other Spark stage: on the seed's JVM
         command = jvm.cli(*home.argv(stage, until))
         env.update(jvm.env)
     else:
         command = [sys.executable, "-m", "trailbound.cli", *home.argv(stage, until)]
     crashed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if crashed.returncode != 137:
-        return [f"{stage} {point}: exit status {crashed.returncode}, not 137 (the point was never reached): "
+        return [f"{stage} {point}: exit status {crashed.returncode}, not 137 (the point was never reached"
+                f"{' on a lane: no group went to one' if point.startswith(LANE) else ''}): "
                 f"{crashed.stderr.strip()[-1500:]}"]
     # The cells that need a particular state to mean anything: a BR cell must have written
     # new BR files, a mid-write cell must have left a trail file past the checkpoint.
@@ -428,8 +501,23 @@ def _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property,
     baseline_vs_truth = differences(baseline.target_dsn, truth)
     totals["target vs truth (extra + missing rows)"] = sum(e + m for e, m, _ in target_vs_truth.values())
     totals["baseline vs truth"] = sum(e + m for e, m, _ in baseline_vs_truth.values())
+    lanes = {kind: _lane_groups(home) for kind, home in homes.items()}
     record_property("crash_matrix", json.dumps({"seed": seed, "cells": {c: len(p) for c, p in cells.items()},
-                                                "totals": totals, "elsewhere": ELSEWHERE}))
+                                                "totals": totals, "elsewhere": ELSEWHERE, "lane_groups": lanes}))
+    record_property("lane_groups", json.dumps(lanes))
     problems = {c: p for c, p in cells.items() if p}
     assert not problems, json.dumps(problems, indent=1, default=str)[:6000]
     assert all(v == 0 for v in totals.values()), totals
+    # The lane: cells fail if no group reaches a lane; this holds the runs that finish
+    # each round (whose rows are compared) to lanes too.
+    assert lanes["crashed"] >= MIN_LANE_GROUPS, \
+        f"the crashed home's replicat runs applied {lanes['crashed']} group(s) on parallel lanes, " \
+        f"fewer than {MIN_LANE_GROUPS}"
+
+
+def _lane_groups(home: Home) -> int:
+    """Groups REP1's completed runs applied on parallel lanes (replicat_run.parallel_groups)."""
+    with home.store() as store, store.transaction() as cur:
+        cur.execute("SELECT coalesce(sum(parallel_groups), 0) AS n FROM trailbound.replicat_run"
+                    " WHERE group_name = 'REP1'")
+        return int(cur.fetchone()["n"])
