@@ -133,8 +133,8 @@ class TrailboundHook(BaseHook):
         """Whether a pump or replicat run can run in this task instead of a spark-submit
         job (whose JVM costs 3-4 s here before our code runs, for work that needs none;
         docs/architecture.md, "Where each stage runs"): its trails
-        are on the local filesystem, and for replicat, which starts Spark only to net a
-        key-changing UPDATE, the Spark connection's master is local, so the session it may
+        are on the local filesystem, and for replicat, which starts Spark only to net many
+        key-changing UPDATEs (netpython.LIMIT), the Spark connection's master is local, so the session it may
         start in the task is the one spark-submit would have made. Capture always submits."""
         from trailbound import files as trailfs
         from trailbound.pump.run import needs_spark

@@ -7,8 +7,8 @@ store, no Spark) and skips the task when there is nothing: downstream tasks are 
 with it and no Asset event is published, so nothing downstream is triggered for nothing.
 When the check cannot tell, the job runs as before.
 
-Pump and replicat of local trails need no Spark (replicat starts it only to net a
-key-changing UPDATE): with a local Spark master they run in the task itself
+Pump and replicat of local trails need no Spark (replicat starts it only to net more
+key-changing UPDATEs than netpython.LIMIT in a chunk): with a local Spark master they run in the task itself
 (TrailboundHook.runs_in_the_task), sparing each run spark-submit's JVM start
 (docs/architecture.md, "Where each stage runs"). Capture, and every run for a cluster
 master or a trail out of the local filesystem, is submitted.

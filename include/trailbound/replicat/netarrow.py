@@ -8,7 +8,8 @@ target's catalog), sort by (unit, key, seq), cut lifetimes, fold each column to 
 last image that carried it, format COPY lines. No Python loop over records, no JVM; it
 runs wherever the records are (the driver, or a Spark task through `mapInArrow`).
 
-What it leaves to the Spark transform (records of those (unit, table)s, in a mask):
+What it leaves to netpython.py (or, for many records, the Spark transform: records of
+those (unit, table)s, in a mask):
 key-changing UPDATEs (chains of moved rows), images that do not parse into the target's
 JSON kinds, column names whose JSON spelling is not certain (non-ASCII, quotes).
 

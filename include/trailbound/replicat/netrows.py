@@ -1,8 +1,9 @@
 """Net rows for a chunk: the COPY lines of each unit's net change per table and key.
 
 The (unit, table)s without key-changing UPDATEs are netted with Arrow (netarrow.py); the
-rest goes through the Spark transform (netchange.py). `NetRows` indexes the lines so that the
-lines of one (unit, table, step) are sent to the target as one slice.
+rest (rare) in plain Python (netpython.py), or through the Spark transform (netchange.py)
+when a chunk holds more of it than netpython.LIMIT records. `NetRows` indexes the lines
+so that the lines of one (unit, table, step) are sent to the target as one slice.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trailbound.replicat import netarrow
+from trailbound.replicat import netarrow, netpython
 from trailbound.replicat import target as tgt
 from trailbound.replicat.chunks import Chunk
 from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
@@ -119,9 +120,9 @@ def _grouped(table: pa.Table) -> pa.Table:
 def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None], workdir: Path,
                 timer=None) -> NetRows | None:
     """The COPY lines of the chunk's applied DML records: netted with Arrow (netarrow.py)
-    where no key changes, the rest by Spark (netchange.py; `start_spark` gives the
-    session, and is called only then). `timer`, when
-    given, adds each phase's seconds (`timer.add(phase, seconds)`)."""
+    where no key changes, the rest in Python (netpython.py) or, past netpython.LIMIT
+    records, by Spark (netchange.py; `start_spark` gives the session, and is called only
+    then). `timer`, when given, adds each phase's seconds (`timer.add(phase, seconds)`)."""
     records = chunk.records
     n = len(records)
     if not chunk.groups:
@@ -146,24 +147,17 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
         timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
     if rest.any():
         began = time.perf_counter()
-        spark = start_spark()
         data = data.filter(pa.array(rest))
-        present = set(pc.unique(data.column("table")).to_pylist())
-        inputs, outputs = workdir / "in", workdir / "out"
-        shutil.rmtree(workdir, ignore_errors=True)
-        inputs.mkdir(parents=True)
-        # Several files, so that Spark reads (and parses the images) in parallel.
-        pieces = max(1, min(spark.sparkContext.defaultParallelism, len(data) // 20_000))
-        step = -(-len(data) // pieces)
-        for number, offset in enumerate(range(0, len(data), step)):
-            pq.write_table(data.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
-        shapes = {name: Shape.of(plans[name].columns, plans[name].key) for name in sorted(present)}
-        net = net_changes(spark.read.parquet(str(inputs)), shapes)
-        copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
-        parts.append(_grouped(_with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes)))
-        shutil.rmtree(workdir, ignore_errors=True)
-        if timer:
-            timer.add("prepare: net change (Spark)", time.perf_counter() - began)
+        shapes = {name: Shape.of(plans[name].columns, plans[name].key)
+                  for name in sorted(pc.unique(data.column("table")).to_pylist())}
+        if len(data) <= netpython.LIMIT:
+            parts.append(_grouped(netpython.net_lines(data.to_pylist(), shapes)))
+            if timer:
+                timer.add("prepare: net change (key changes, Python)", time.perf_counter() - began)
+        else:
+            parts.append(_grouped(_net_with_spark(start_spark(), data, shapes, workdir)))
+            if timer:
+                timer.add("prepare: net change (Spark)", time.perf_counter() - began)
     began = time.perf_counter()
     rows = NetRows(parts)
     for unit, table in _keyless_to_replay(records, chosen, chunk, plans):
@@ -175,6 +169,24 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
     if timer:
         timer.add("prepare: index the COPY lines", time.perf_counter() - began)
     return rows
+
+
+def _net_with_spark(spark, data: pa.Table, shapes: dict[str, Shape], workdir: Path) -> pa.Table:
+    """The Spark transform over `data`'s records (through Parquet files in `workdir`),
+    its chains resolved."""
+    inputs, outputs = workdir / "in", workdir / "out"
+    shutil.rmtree(workdir, ignore_errors=True)
+    inputs.mkdir(parents=True)
+    # Several files, so that Spark reads (and parses the images) in parallel.
+    pieces = max(1, min(spark.sparkContext.defaultParallelism, len(data) // 20_000))
+    step = -(-len(data) // pieces)
+    for number, offset in enumerate(range(0, len(data), step)):
+        pq.write_table(data.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
+    net = net_changes(spark.read.parquet(str(inputs)), shapes)
+    copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
+    lines = _with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return lines
 
 
 def _keyless_to_replay(records: pa.Table, chosen: np.ndarray, chunk: Chunk,

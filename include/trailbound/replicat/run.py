@@ -12,9 +12,9 @@
    transaction with a TRUNCATE starts a new group), and split groups into units at each
    TRUNCATE.
 4. Each unit's net change per table and key, as COPY lines: vectorised with Arrow
-   (netarrow.py), or by Spark for a (unit, table) with a key-changing UPDATE
-   (netchange.py). While the driver applies one chunk, the next is prepared in a
-   background thread.
+   (netarrow.py); a (unit, table) with a key-changing UPDATE in Python (netpython.py),
+   or by Spark past netpython.LIMIT such records in a chunk (netchange.py). While the
+   driver applies one chunk, the next is prepared in a background thread.
 5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
    table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    Groups that only insert run on `apply_parallelism` sessions at once, committed in
@@ -456,8 +456,9 @@ def starting_checkpoint(state: ckpt.ReplicatState, row: ckt.CheckpointRow | None
 
 def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, target_dsn: str | None = None) -> RunResult:
     """`spark`: a SparkSession, or a function that starts one. Spark is asked for only by
-    a run that needs it (a trail outside the local filesystem, or a key-changing UPDATE
-    to net): the CLI's replicat of a local trail of plain DML starts no JVM."""
+    a run that needs it (a trail outside the local filesystem, or more key-changing
+    UPDATEs in a chunk than netpython.LIMIT): the CLI's replicat of a local trail starts
+    no JVM."""
     start_spark = spark_session.on_demand(spark)
     name = config.replicat_name(group)
     replicat = config.replicat(name)
