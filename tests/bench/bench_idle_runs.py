@@ -1,6 +1,8 @@
 """Idle runs: a scheduled capture, pump and replicat run with nothing new to do, through
 `airflow dags test`, timed and taken apart; before (every run spark-submits its job) and
 after (TrailboundSparkSubmitOperator asks the metadata store first and skips Spark).
+Also pump and replicat runs with work: spark-submitted (before) and run in the Airflow
+task (after: local trails and a local master need no JVM).
 
     make bench                                    # all benchmarks
     .venv/bin/python tests/bench/bench_idle_runs.py
@@ -9,7 +11,8 @@ Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench provides its
 server); uses databases `trailbound_bench_idle_meta` and `..._target`, dropped and created
 afresh. A small simulated source (2 hours) is captured, pumped and applied once through
 the DAGs (untimed); then each DAG runs again for the same interval, when there is nothing
-new. Per run: the wall time of `airflow dags test`, each task's duration from Airflow's
+new. Before that, one hour of log each is pumped and applied through a spark-submit
+job (before) and the next hour in the task (after). Per run: the wall time of `airflow dags test`, each task's duration from Airflow's
 database, and for the spark-submit task, how long spark-submit takes to start a JVM and a
 SparkSession and stop (an empty job, measured apart), the rest being the job's work.
 Results go to docs/benchmarks/idle-runs.md.
@@ -38,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "idle-runs.md"
 VENV_BIN = Path(sys.executable).parent
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
-HOURS = 2
+HOURS = 3
 DAGS = (("capture_ext1", "capture"), ("pump_pmp1", "pump"), ("replicat_rep1", "replicat"))
 # The "before" DAG folder: the same DAG files, their factories given the plain
 # SparkSubmitOperator (what every run used before), which submits whatever there is.
@@ -59,6 +62,12 @@ trailbound_airflow.dags.TrailboundSparkSubmitOperator = AlwaysSubmit
 # Earlier measurements, kept under every new report (the figures above replace only themselves).
 HISTORY = """
 ## Earlier measurements
+
+2026-11-24 09:32 UTC, the runs with work before key-changing UPDATEs were netted in Python
+(commit a419316; load average 3.6 before): pump 4.3 s submitted, 2.6 s in the task;
+replicat 14.0 s submitted, 13.2 s in the task: the simulator's key changes started a
+Spark session in either case (the JVM and the session were most of it). After
+(03ce4b0, 09:41 UTC): pump 4.2 s / 2.7 s, replicat 4.9 s submitted, 3.5 s in the task.
 
 2026-11-23 05:29 UTC, same machine shared with five test runs (load average 22.9-24.4):
 capture 215.2 s before / 124.3 s after, pump 211.0 / 184.2 s, replicat 422.1 / 203.8 s;
@@ -173,9 +182,20 @@ def main() -> int:
     if cli.main(["--config", str(world.config_path), "target", "create"]) != 0:
         return 1
     load_before = os.getloadavg()[0]
-    # Bring everything up to date (untimed): capture the whole archive, ship, apply.
+    # Up to hour 1 (untimed); then hour 2 pumped and applied by spark-submit jobs
+    # (before), hour 3 in the task (after); capture (untimed) as usual before each.
     for dag_id, _ in DAGS:
-        world.dags_test("after", dag_id, HOURS)
+        world.dags_test("after", dag_id, 1)
+    with_work = []
+    for hour, variant in ((2, "before"), (3, "after")):
+        world.dags_test("after", "capture_ext1", hour)
+        for dag_id, task in DAGS[1:]:
+            wall, _, tasks = world.dags_test(variant, dag_id, hour)
+            log = (world.work / f"{dag_id}-{variant}.log").read_text()
+            done = re.search(r"(?:wrote|applied) (\d+) (?:records|transactions)", log)
+            with_work.append((dag_id, variant, wall, task, tasks[task][1], done.group(0) if done else "?",
+                              "running in this task" in log))
+            print(f"{dag_id} {variant} with work: {wall:.1f} s; {tasks}", flush=True)
     spark_start = spark_start_seconds(world.env("after"))
     rows = []
     for dag_id, task in DAGS:
@@ -199,6 +219,9 @@ def main() -> int:
                      f"{max(0.0, submit - spark_start):.1f} s")
         lines.append(f"| {dag_id} | {variant} | **{wall:.1f} s** | {wall - submit - others:.1f} s | "
                      f"{task}: {submit_state}, {submit:.1f} s ({split}) | {others:.1f} s |")
+    work_lines = [f"| {dag_id} | {variant} ({'in the task' if in_task else 'spark-submit'}) | **{wall:.1f} s** | "
+                  f"{task}: {seconds:.1f} s | {done} |"
+                  for dag_id, variant, wall, task, seconds, done, in_task in with_work]
     slowest = max(wall for _, variant, wall, *_ in rows if variant == "after")
     verdict = (f"**met**: the slowest idle run took {slowest:.1f} s" if slowest < 20
                else f"**not met**: the slowest idle run took {slowest:.1f} s")
@@ -225,6 +248,16 @@ the tasks' durations (interpreter and provider imports, DAG parsing, the test ru
 scheduling loop).
 
 Goal: each idle run (after) under 20 s: {verdict}.
+
+Runs with work (the same DAGs, one hour of log each): "before" submits the job
+(spark-submit, a JVM, then our code, which for local trails starts no SparkSession);
+"after" runs pump and replicat of local trails in the Airflow task itself
+(docs/architecture.md, "Where each stage runs").
+
+| DAG | variant | wall (`airflow dags test`) | the stage's task | what it did |
+|---|---|---|---|---|
+{chr(10).join(work_lines)}
+
 Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, {platform.platform()},
 Python {platform.python_version()}; PostgreSQL (fsync off), Airflow and Spark on the same
 machine; load average (other work on the machine shows here) {load_before:.1f} before, {load_after:.1f} after.
