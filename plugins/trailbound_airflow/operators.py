@@ -8,10 +8,10 @@ with it and no Asset event is published, so nothing downstream is triggered for 
 When the check cannot tell, the job runs as before.
 
 Pump and replicat of local trails need no Spark (replicat starts it only to net more
-key-changing UPDATEs than netpython.LIMIT in a chunk): with a local Spark master they run in the task itself
-(TrailboundHook.runs_in_the_task), sparing each run spark-submit's JVM start
-(docs/architecture.md, "Where each stage runs"). Capture, and every run for a cluster
-master or a trail out of the local filesystem, is submitted.
+key-changing UPDATEs than netpython.LIMIT in a chunk): with a local Spark master they
+run in the task itself (TrailboundHook.runs_in_the_task), sparing each run
+spark-submit's JVM start (docs/architecture.md, "Where each stage runs"). Capture, and
+every run for a cluster master or a trail out of the local filesystem, is submitted.
 """
 
 from __future__ import annotations
