@@ -94,7 +94,12 @@ def net_lines(records: list[dict], shapes: dict[str, Shape]) -> pa.Table:
             else:
                 rows.append({"unit": life["unit"], "table": life["table"], "kind": "U", "okey": life["okey"],
                              "vals": life["vals"]})
-    rows += resolve_chains(linked)
+    return lines_of(rows + resolve_chains(linked), shapes)
+
+
+def lines_of(rows: list[dict], shapes: dict[str, Shape]) -> pa.Table:
+    """Net rows (unit, table, kind, okey, vals: as resolve_chains gives them) as COPY
+    lines, netarrow.LINES_SCHEMA."""
     return pa.table({"unit": [r["unit"] for r in rows], "table": [r["table"] for r in rows],
                      "kind": [r["kind"] for r in rows], "step": [STEP[r["kind"]] for r in rows],
                      "line": [format_line(r, shapes[r["table"]]) for r in rows]}, schema=LINES_SCHEMA)

@@ -22,8 +22,7 @@ import pyarrow.parquet as pq
 from trailbound.replicat import netarrow, netpython
 from trailbound.replicat import target as tgt
 from trailbound.replicat.chunks import Chunk
-from trailbound.replicat.netchange import (STEP, Shape, copy_lines, format_line, lifetime_of, net_changes,
-                                           resolve_chains)
+from trailbound.replicat.netchange import STEP, Shape, copy_lines, lifetime_of, net_changes, resolve_chains
 
 
 @dataclass
@@ -184,7 +183,7 @@ def _net_with_spark(spark, data: pa.Table, shapes: dict[str, Shape], workdir: Pa
         pq.write_table(data.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
     net = net_changes(spark.read.parquet(str(inputs)), shapes)
     copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
-    lines = _with_chains_resolved(pq.read_table(outputs, schema=_NET_LINES), shapes)
+    lines = _with_chains_resolved(pq.read_table(outputs, schema=netarrow.LINES_SCHEMA), shapes)
     shutil.rmtree(workdir, ignore_errors=True)
     return lines
 
@@ -217,10 +216,6 @@ def _keyless_to_replay(records: pa.Table, chosen: np.ndarray, chunk: Chunk,
             for unit, table in zip(part.column("unit").to_pylist(), part.column("table").to_pylist())}
 
 
-_NET_LINES = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
-                        ("line", pa.string())])
-
-
 def _with_chains_resolved(lines: pa.Table, shapes: dict[str, Shape]) -> pa.Table:
     """Replace Spark's linked lifetimes (kind L: rows moved by key updates) with the net
     rows their chains come to."""
@@ -230,8 +225,4 @@ def _with_chains_resolved(lines: pa.Table, shapes: dict[str, Shape]) -> pa.Table
     lifetimes = [lifetime_of(json.loads(text) | {"unit": unit, "table": table}, shapes[table])
                  for unit, table, text in zip(*(lines.filter(linked).column(c).to_pylist()
                                                 for c in ("unit", "table", "line")))]
-    rows = resolve_chains(lifetimes)
-    resolved = pa.table({"unit": [r["unit"] for r in rows], "table": [r["table"] for r in rows],
-                         "kind": [r["kind"] for r in rows], "step": [STEP[r["kind"]] for r in rows],
-                         "line": [format_line(r, shapes[r["table"]]) for r in rows]}, schema=_NET_LINES)
-    return pa.concat_tables([lines.filter(pc.invert(linked)), resolved])
+    return pa.concat_tables([lines.filter(pc.invert(linked)), netpython.lines_of(resolve_chains(lifetimes), shapes)])
