@@ -16,6 +16,9 @@ trailbound.trail_file as capture would. Results go to docs/benchmarks/replicat.m
 - update-heavy: the tables are first loaded (untimed) with the rows the updates touch;
   then 80% UPDATE (after images carrying the key and one or two changed columns, many
   keys updated several times), 10% INSERT, 10% DELETE.
+- key-change-heavy: as update-heavy, but a quarter of the UPDATEs move their row to a new
+  key (netted in Python, replicat/netpython.py, or by Spark past --key-change-limit
+  records of them in a chunk).
 - plain COPY: the same number of rows COPY'd (text format, from the driver) into empty
   copies of the same tables, with their primary keys, in one transaction per table.
 """
@@ -97,7 +100,7 @@ def generate(kind: str, rows: int, seed: int = 7) -> tuple[list[list[tuple]], di
     gen = Rows(seed)
     preload: dict[str, list[dict]] = {t: [] for t in TABLES}
     live: dict[str, list[dict]] = {t: [] for t in TABLES}
-    if kind == "update":
+    if kind in ("update", "keychange"):
         for table in TABLES:
             for _ in range(rows // 6):
                 row = gen.new(table)
@@ -118,8 +121,14 @@ def generate(kind: str, rows: int, seed: int = 7) -> tuple[list[list[tuple]], di
                 txn.append(("DELETE", table, key, None))
             else:  # recently touched keys are likelier: some keys change several times per group
                 pool = live[table]
-                key = pool[-1 - min(len(pool) - 1, int(gen.random.expovariate(1 / 2000)))]
-                txn.append(("UPDATE", table, key, gen.change(table, key)))
+                at = len(pool) - 1 - min(len(pool) - 1, int(gen.random.expovariate(1 / 2000)))
+                key = pool[at]
+                after = gen.change(table, key)
+                if kind == "keychange" and gen.random.random() < 0.25:  # the row moves to a new key
+                    moved = gen.key(table, gen.new(table))
+                    after |= moved
+                    pool[at] = moved
+                txn.append(("UPDATE", table, key, after))
         transactions.append(txn)
         made += len(txn)
     return transactions, preload
@@ -273,7 +282,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="row changes per workload")
     parser.add_argument("--grouptransops", type=int, nargs="+", default=[1000, 50_000])
-    parser.add_argument("--work", nargs="+", default=["insert", "update"], choices=["insert", "update"])
+    parser.add_argument("--work", nargs="+", default=["insert", "update"], choices=["insert", "update", "keychange"])
+    parser.add_argument("--key-change-limit", type=int, default=None,
+                        help="records of key-changing (unit, table)s per chunk netted in Python (netpython.LIMIT; "
+                             "more go to Spark); default: the engine's")
     parser.add_argument("--apply-parallelism", type=int, nargs="+", default=[2],
                         help="replicat's apply_parallelism (sessions applying insert-only groups at once)")
     parser.add_argument("--masters", nargs="+", default=["local[*]"],
@@ -289,8 +301,12 @@ def main() -> int:
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
     from trailbound.replicat import target as tgt
+    from trailbound.replicat import netpython
     from trailbound.replicat.run import run_replicat
     from trailbound.sources.simulator import source_tables
+
+    if args.key_change_limit is not None:
+        netpython.LIMIT = args.key_change_limit
 
     work = REPO / "var" / "bench" / f"replicat-{args.rows}"
     shutil.rmtree(work, ignore_errors=True)

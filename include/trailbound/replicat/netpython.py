@@ -4,8 +4,13 @@ with a key-changing UPDATE): the lifetimes and COPY lines of the Spark transform
 
 Key changes are rare, and a replicat run that meets a few of them used to start Spark
 for them: a JVM and a session (5-10 s on two CPUs) to net a handful of records. Here
-they take microseconds each; replicat hands Spark only a chunk with more of them than
-`LIMIT`, where Spark's parallel work pays for its start.
+they take ~25 us each, in the thread that prepares the next chunk while one is applied.
+Measured (bench_replicat.py --work keychange, 300,000 changes, docs/benchmarks/
+replicat.md): 7.1 s in Python against 17.9 s on an already warm local Spark. Replicat
+hands Spark only a chunk with more of them than `LIMIT`: a full chunk (run.CHUNK_RECORDS,
+250,000, and the rest of the transaction it ends in) is netted here; a bigger one holds
+a transaction of hundreds of thousands of records, which Spark nets without holding
+them as Python objects in the driver.
 
 Values are the images' JSON values as text, as Spark's `from_json` into string fields
 gives them: strings as they are, integers and floats in the image's own spelling,
@@ -25,7 +30,7 @@ from trailbound.replicat.netchange import (DELETED, MODIFY, MOVED_IN, MOVED_OUT,
                                            resolve_chains)
 
 # The most records of key-changing (unit, table)s per chunk netted here; more go to Spark.
-LIMIT = 100_000
+LIMIT = 300_000
 
 _CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)
 _ENDS = (DELETED, MOVED_OUT)
