@@ -47,8 +47,8 @@ from pyspark.sql import types as T
 
 # Touch roles: what a record does to one key.
 NEW, MOVED_IN, MODIFY, DELETED, MOVED_OUT = "new", "moved_in", "modify", "deleted", "moved_out"
-_ENDS = (DELETED, MOVED_OUT)
-_CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)
+ENDS = (DELETED, MOVED_OUT)               # a lifetime ends at these
+CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)   # these fold the record's image into the row
 
 # COPY text format: backslash, newline, carriage return and tab are escaped; \N is NULL.
 COPY_ESCAPES = (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
@@ -154,9 +154,9 @@ def _touches(records: DataFrame, shapes: Shapes) -> DataFrame:
 
 def _lifetimes(touches: DataFrame, width: int) -> DataFrame:
     by_key = Window.partitionBy("unit", "table", "key").orderBy("seq")
-    ended_before = F.sum(F.col("role").isin(*_ENDS).cast("int")).over(
+    ended_before = F.sum(F.col("role").isin(*ENDS).cast("int")).over(
         by_key.rowsBetween(Window.unboundedPreceding, -1))
-    carries = F.col("role").isin(*_CARRIES_IMAGE)
+    carries = F.col("role").isin(*CARRIES_IMAGE)
     numbered = touches.withColumn("lifetime", F.coalesce(ended_before, F.lit(0)))
     folded = []
     for i in range(width):

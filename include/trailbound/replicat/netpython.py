@@ -26,14 +26,11 @@ import pyarrow as pa
 
 from trailbound.archive.writer import encode_json
 from trailbound.replicat.netarrow import LINES_SCHEMA
-from trailbound.replicat.netchange import (DELETED, MODIFY, MOVED_IN, MOVED_OUT, NEW, STEP, Shape, format_line,
-                                           resolve_chains)
+from trailbound.replicat.netchange import (CARRIES_IMAGE, DELETED, ENDS, MODIFY, MOVED_IN, MOVED_OUT, NEW, STEP,
+                                           Shape, format_line, resolve_chains)
 
 # The most records of key-changing (unit, table)s per chunk netted here; more go to Spark.
 LIMIT = 300_000
-
-_CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)
-_ENDS = (DELETED, MOVED_OUT)
 
 
 def _image(text: str | None) -> dict:
@@ -73,12 +70,12 @@ def net_lines(records: list[dict], shapes: dict[str, Shape]) -> pa.Table:
         before, after = _image(record["before"]), _image(record["after"])
         for key, role in _touches(record["op"], before, after, shape):
             on_key = lifetimes.setdefault((record["unit"], record["table"], key), [])
-            if not on_key or on_key[-1]["last_role"] in _ENDS:
+            if not on_key or on_key[-1]["last_role"] in ENDS:
                 on_key.append({"unit": record["unit"], "table": record["table"], "okey": list(key),
                                "first_seq": record["seq"], "first_role": role, "vals": {}})
             life = on_key[-1]
             life["last_seq"], life["last_role"] = record["seq"], role
-            if role in _CARRIES_IMAGE:
+            if role in CARRIES_IMAGE:
                 # An INSERT's image is the whole row; an UPDATE's carries what it names.
                 life["vals"].update(after if record["op"] != "INSERT" else
                                     {c: after.get(c) for c in shape.columns})
