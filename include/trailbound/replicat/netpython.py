@@ -33,10 +33,14 @@ from trailbound.replicat.netchange import (CARRIES_IMAGE, DELETED, ENDS, MODIFY,
 LIMIT = 300_000
 
 
+# Numbers as their own text; one decoder (json.loads with these options builds one per call).
+_DECODER = json.JSONDecoder(parse_int=str, parse_float=str)
+
+
 def _image(text: str | None) -> dict:
     if text is None:
         return {}
-    return {name: _text(value) for name, value in json.loads(text, parse_int=str, parse_float=str).items()}
+    return {name: _text(value) for name, value in _DECODER.decode(text).items()}
 
 
 def _text(value) -> str | None:
