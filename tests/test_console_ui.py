@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from capture_kit import T0, ins, new_archive, rec
-from test_dags import REPO, VENV_BIN, AirflowWorld, free_port, serving
+from test_dags import REPO, VENV_BIN, AirflowWorld, free_port, start_api_server
 from trailbound import cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -94,39 +94,27 @@ class Airflow:
 
     def __init__(self, world: AirflowWorld, directory: Path):
         self.logs = {name: directory / f"{name}.log" for name in ("api-server", "scheduler", "triggerer")}
-        # A free port may be taken by another process before the API server binds it
-        # (the server then exits, and that process would answer in its place): the
-        # server counts as up once its own log says it bound the port; else another port.
-        for _ in range(3):
-            self.port = free_port()
-            self.url = f"http://127.0.0.1:{self.port}"
-            world.env.update({"AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__HOST": "127.0.0.1",
-                              "AIRFLOW__API__WORKERS": "1", "AIRFLOW__API__BASE_URL": self.url,
-                              "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-                              "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-                              "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                              "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
-            self.processes = [subprocess.Popen([str(VENV_BIN / "airflow"), name], env=world.env,
-                                               stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-                              for name, log in self.logs.items()]
-            try:
-                wait_for(lambda: self.processes[0].poll() is not None or (
-                    serving(self.logs["api-server"], self.port)
-                    and status_of(f"{self.url}/api/v2/monitor/health") == 200), "the API server",
-                    [self.logs["api-server"]], seconds=240)
-            except BaseException:
-                self.stop()
-                raise
-            if self.processes[0].poll() is None:
-                return
+        world.env.update({"AIRFLOW__API__WORKERS": "1",
+                          "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                          "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                          "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
+        server, self.port = start_api_server(world.env, self.logs["api-server"])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes = [server] + [subprocess.Popen([str(VENV_BIN / "airflow"), name], env=world.env,
+                                                      stdout=open(self.logs[name], "w"), stderr=subprocess.STDOUT,
+                                                      start_new_session=True) for name in ("scheduler", "triggerer")]
+        try:
+            wait_for(lambda: status_of(f"{self.url}/api/v2/monitor/health") == 200, "the API server",
+                     [self.logs["api-server"]], seconds=240)
+        except BaseException:
             self.stop()
-        raise AssertionError("the API server exited three times:\n" + self.logs["api-server"].read_text()[-2500:])
+            raise
 
     def stop(self) -> None:
         for process in self.processes:
             try:
                 os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:  # exited already (an API server that could not bind)
+            except ProcessLookupError:  # exited already
                 pass
         for process in self.processes:
             process.wait(timeout=60)

@@ -429,6 +429,30 @@ def serving(log: Path, port: int) -> bool:
     return any(f":{port}" in line for line in text.splitlines() if "Uvicorn running on" in line)
 
 
+def start_api_server(env: dict, log: Path) -> tuple[subprocess.Popen, int]:
+    """`airflow api-server` on a free port (set in `env` for the processes started after
+    it), once its log says it bound that port. A free port may be taken by another
+    process before the server binds it (the server then exits, and that process would
+    answer in its place): then another port, three times at most."""
+    for _ in range(3):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": url,
+                    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/"})
+        server = subprocess.Popen([str(VENV_BIN / "airflow"), "api-server"], env=env, stdout=open(log, "w"),
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while server.poll() is None and not serving(log, port):
+            if time.monotonic() > deadline:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(timeout=60)
+                raise AssertionError(f"the API server did not bind port {port}:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        if server.poll() is None:
+            return server, port
+    raise AssertionError(f"the API server exited three times:\n{log.read_text()[-3000:]}")
+
+
 def list_runs(world: AirflowWorld, dag_id: str) -> list[dict]:
     """The DAG's runs (state, logical_date) from Airflow's database: what `airflow dags
     list-runs` prints, read without starting an Airflow process every poll."""
@@ -459,7 +483,7 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
     backfilled.mkdir()
     world = AirflowWorld(backfilled, write_world(backfilled, total_hours=3, commit_hour=1), new_metadata_database(),
                          "postgresql://nobody@127.0.0.1:1/none")
-    world.env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+    world.env.update({"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                       "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
     world.airflow("dags", "reserialize")
     world.airflow("dags", "unpause", "capture_ext1")
@@ -475,22 +499,8 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
 
     try:
         # The scheduler starts once the API server serves: a task it launched before
-        # would fail to reach the execution API and wait out its retry delay. A free port
-        # may be taken by another process before the server binds it (then the server
-        # exits, and that process would answer in its place): try another.
-        for _ in range(3):
-            api_port = free_port()
-            world.env.update({"AIRFLOW__API__PORT": str(api_port),
-                              "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/"})
-            start("api-server")
-            deadline = time.monotonic() + 180
-            while servers[-1].poll() is None and not serving(backfilled / "api-server.log", api_port):
-                assert time.monotonic() < deadline, (backfilled / "api-server.log").read_text()[-3000:]
-                time.sleep(0.5)
-            if servers[-1].poll() is None:
-                break
-            servers.pop()
-        assert servers, (backfilled / "api-server.log").read_text()[-3000:]
+        # would fail to reach the execution API and wait out its retry delay.
+        servers.append(start_api_server(world.env, backfilled / "api-server.log")[0])
         start("scheduler")
         deadline = time.monotonic() + 600
         while True:
