@@ -12,9 +12,10 @@ server); uses databases `trailbound_bench_idle_meta` and `..._target`, dropped a
 afresh. A small simulated source (2 hours) is captured, pumped and applied once through
 the DAGs (untimed); then each DAG runs again for the same interval, when there is nothing
 new. Before that, one hour of log each is pumped and applied through a spark-submit
-job (before) and the next hour in the task (after). Per run: the wall time of `airflow dags test`, each task's duration from Airflow's
-database, and for the spark-submit task, how long spark-submit takes to start a JVM and a
-SparkSession and stop (an empty job, measured apart), the rest being the job's work.
+job (before) and the next hour in the task (after). Per run: the wall time of `airflow
+dags test`, each task's duration from Airflow's database, and for the spark-submit task,
+how long spark-submit takes to start a JVM and a SparkSession and stop (an empty job,
+measured apart), the rest being the job's work.
 Results go to docs/benchmarks/idle-runs.md.
 """
 
