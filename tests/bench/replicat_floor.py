@@ -12,7 +12,12 @@ database `trailbound_bench_replicat_floor` with the benchmark's three tables:
   checkpoint row UPDATE, COMMIT (what replicat sends for insert-only groups);
 - grouped, no checkpoint row: the same without the UPDATE;
 - two connections: the grouped statements (no checkpoint row) split between two
-  sessions, alternate groups, run at once (what parallel apply could reach).
+  sessions, alternate groups, run at once (what parallel apply could reach);
+- beside the trail's reading: the two connections again, with the checkpoint row, while a
+  third thread does the one piece of client work no replicat can skip: reading a trail
+  file of the same rows (Parquet, written by trail.TrailWriter) and parsing its JSON
+  images with the engine's parser (Arrow's JSON reader). No net change, no COPY text, no
+  planning: the floor for any client on this machine.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import time
 from pathlib import Path
 
 import psycopg2
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from psycopg2 import sql
 
 import bench_replicat as bench
@@ -43,11 +50,13 @@ def main() -> int:
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import dsn_from_env
     from trailbound.replicat import target as tgt
+    from trailbound.replicat.netarrow import parse_images
     from trailbound.sources.simulator import source_tables
+    from trailbound.trail import format as trail
 
-    with tempfile.TemporaryDirectory() as work:
-        write_defs(Path(work), [t.definition() for t in source_tables()])
-        defs = load_defs(Path(work))
+    work = tempfile.TemporaryDirectory()
+    write_defs(Path(work.name), [t.definition() for t in source_tables()])
+    defs = load_defs(Path(work.name))
     rows = bench.Rows(99)
     per_table = args.rows // len(bench.TABLES)
     made = {t: [rows.new(t) for _ in range(per_table)] for t in bench.TABLES}
@@ -57,6 +66,17 @@ def main() -> int:
     parts = {t: [bench.copy_text(made[t][g * share:(g + 1) * share], columns[t]) for g in range(args.groups)]
              for t in bench.TABLES}
     server = dsn_from_env("TRAILBOUND_TARGET_DSN")
+    # The same rows as a trail: one single-record transaction each, the tables interleaved.
+    inserts = [[("INSERT", t, None, made[t][i])] for i in range(per_table) for t in bench.TABLES]
+    trail_files = bench.write_trail(inserts, Path(work.name) / "lt", trail)
+
+    def read_and_parse() -> None:
+        for written in trail_files:
+            records = pq.ParquetFile(written.path).read()
+            for table in bench.TABLES:
+                images = records.filter(pc.equal(records.column("table"), table)).column("after")
+                if parse_images(images, tuple(columns[table]), tuple(c.type for c in defs[table].columns)) is None:
+                    raise AssertionError(f"{table}: images do not parse")
 
     def fresh():
         dsn = fresh_database(server, "trailbound_bench_replicat_floor")
@@ -100,29 +120,39 @@ def main() -> int:
         connection.close()
         return seconds
 
-    def two_connections() -> float:
+    def two_connections(checkpoint: bool = False, beside=None) -> float:
         first, dsn = fresh()
         second = psycopg2.connect(dsn)
         started = time.perf_counter()
-        other = threading.Thread(target=grouped, args=(second, range(1, args.groups, 2), False))
-        other.start()
-        grouped(first, range(0, args.groups, 2), False)
-        other.join()
+        threads = [threading.Thread(target=grouped, args=(second, range(1, args.groups, 2), checkpoint))]
+        threads += [threading.Thread(target=beside)] if beside else []
+        for thread in threads:
+            thread.start()
+        grouped(first, range(0, args.groups, 2), checkpoint)
+        for thread in threads:
+            thread.join()
         seconds = time.perf_counter() - started
         first.close()
         second.close()
         return seconds
 
     print(f"{per_table * len(bench.TABLES):,} rows, {args.groups} groups")
-    print("| round | plain COPY | grouped | share of COPY | grouped, no checkpoint row | two connections |")
-    print("|---|---|---|---|---|---|")
+    print("| round | plain COPY | grouped | share of COPY | grouped, no checkpoint row | two connections "
+          "| reading and parsing the trail alone | two connections beside it | share of COPY |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for number in range(1, args.rounds + 1):
         copy_seconds = plain()
         with_checkpoint = one_connection(True)
         without = one_connection(False)
         parallel = two_connections()
+        began = time.perf_counter()
+        read_and_parse()
+        reading = time.perf_counter() - began
+        beside = two_connections(checkpoint=True, beside=read_and_parse)
         print(f"| {number} | {copy_seconds:.3f} s | {with_checkpoint:.3f} s | {copy_seconds / with_checkpoint:.0%} | "
-              f"{without:.3f} s | {parallel:.3f} s |", flush=True)
+              f"{without:.3f} s | {parallel:.3f} s | {reading:.3f} s | {beside:.3f} s | {copy_seconds / beside:.0%} |",
+              flush=True)
+    work.cleanup()
     return 0
 
 

@@ -38,6 +38,7 @@ LINES_SCHEMA = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind",
 RECORDS_SCHEMA = pa.schema([("unit", pa.int64()), ("seq", pa.int64()), ("table", pa.string()), ("op", pa.string()),
                             ("before", pa.string()), ("after", pa.string())])
 _REGEX_SPECIAL = set(r".^$*+?()[]{}|\-/")
+_ESCAPABLE = tuple(raw.encode() for raw, _ in COPY_ESCAPES)
 
 
 def _arrow_type(type_name: str) -> pa.DataType:
@@ -52,14 +53,39 @@ def _arrow_type(type_name: str) -> pa.DataType:
     return pa.string()
 
 
-def copy_text(column) -> pa.Array:
-    """Values as COPY text: PostgreSQL input forms, escaped, NULL as \\N."""
+def copy_values(column) -> pa.Array:
+    """Values as COPY text (PostgreSQL input forms, escaped); a NULL stays NULL for the
+    line's join to write as \\N."""
     text = column.cast(pa.string())
-    # Numbers and booleans never need escaping; most text does not either (one scan).
-    if pa.types.is_string(column.type) and pc.any(pc.match_substring_regex(text, "[\\\\\t\n\r]")).as_py():
+    # Numbers and booleans never need escaping; most text does not either.
+    if pa.types.is_string(column.type) and _holds_escapable(text):
         for raw, escaped in COPY_ESCAPES:
             text = pc.replace_substring(text, raw, escaped)
-    return text.fill_null(COPY_NULL)
+    return text
+
+
+def _holds_escapable(text) -> bool:
+    """Whether any value may hold a character COPY text escapes: a byte search of the
+    data buffers (memchr; a regular expression over every value costs 10x, measured).
+    Bytes outside an array's slice can only make it say yes needlessly."""
+    for chunk in text.chunks if isinstance(text, pa.ChunkedArray) else (text,):
+        data = chunk.buffers()[2]
+        if data is not None and data.size:
+            blob = data.to_pybytes()
+            if any(byte in blob for byte in _ESCAPABLE):
+                return True
+    return False
+
+
+def copy_lines(values: list) -> pa.Array:
+    """COPY lines from each column's copy_values: tab-separated, NULL as \\N, each ending
+    in a newline (the newline joined to the last column, so the lines are built in one
+    pass over the row's text)."""
+    *first, last = values
+    last = pc.binary_join_element_wise(last, "", "\n", null_handling="replace", null_replacement=COPY_NULL)
+    if not first:
+        return last
+    return pc.binary_join_element_wise(*first, last, "\t", null_handling="replace", null_replacement=COPY_NULL)
 
 
 def joined(lines: pa.Array) -> pa.Buffer:
@@ -203,16 +229,16 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
         last = np.maximum.reduceat(np.where(carried_sorted, position, -1), starts)[survives]
         has = (last >= 0) & keeps_values
         picked = after.column(c).take(pa.array(rows[np.where(has, last, 0)]))
-        values.append(copy_text(pc.if_else(pa.array(has), picked, pa.nulls(len(has), picked.type))))
+        values.append(copy_values(pc.if_else(pa.array(has), picked, pa.nulls(len(has), picked.type))))
         present.append(has)
     starts, kind = starts[survives], kind[survives]
-    value_text = pc.binary_join_element_wise(*values, "\t")
+    value_text = pc.binary_join_element_wise(*values, "\t", null_handling="replace", null_replacement=COPY_NULL)
     insert_lines = pc.binary_join_element_wise(value_text, "", "\n")
     staged = kind != "I"
     if staged.any():
         okey = pc.binary_join_element_wise(
-            *[copy_text(frame.column(f"k{j}").take(pa.array(starts))) for j in range(len(key))], "\t") \
-            if len(key) > 1 else copy_text(frame.column("k0").take(pa.array(starts)))
+            *[copy_values(frame.column(f"k{j}").take(pa.array(starts))) for j in range(len(key))], "\t",
+            null_handling="replace", null_replacement=COPY_NULL)
         flags = [pc.if_else(pa.array(p), "1", "0") for p in present]
         mask = pc.binary_join_element_wise(*flags, "") if len(flags) > 1 else flags[0]
         kinds = pc.if_else(pa.array(kind == "D"), "D", "U")
@@ -238,9 +264,7 @@ def _own_net_change(units: np.ndarray, after: pa.Table, plan: TablePlan, key: tu
     counts = keyed.group_by(["__unit", *key], use_threads=False).aggregate([("__unit", "count")])
     if len(counts) != len(units):
         return None
-    lines = pc.binary_join_element_wise(*[copy_text(after.column(c)) for c in plan.columns], "\t") \
-        if len(plan.columns) > 1 else copy_text(after.column(plan.columns[0]))
-    lines = pc.binary_join_element_wise(lines, "", "\n")
+    lines = copy_lines([copy_values(after.column(c)) for c in plan.columns])
     n = len(units)
     return pa.table({"unit": units, "table": pa.repeat(pa.scalar(plan.source), n), "kind": pa.repeat(pa.scalar("I"), n),
                      "step": np.full(n, STEP["I"], dtype=np.int8),
