@@ -114,7 +114,7 @@ PLAN = {
         ("extract", "drop:metadata@after_trail_write"),
         ("pump", "after_copy"), ("pump", "after_file_commit"),
         ("replicat", "before_target_commit"), ("replicat", "lane:mid_copy"), ("replicat", "between_groups"),
-        ("replicat", "drop:metadata@after_target_commit"),
+        ("replicat", "drop:metadata@after_target_commit"), ("replicat", "drop:target@lane:mid_copy"),
         ("purge", "mid_purge"), ("retention", "retention_after_delete")],
 }
 # The fewest replicat groups the crashed home's (completed) runs of one seed must have

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 from dataclasses import dataclass, field
 
 import psycopg2
@@ -81,7 +83,37 @@ class _Payload:
 
 
 def _copy(cur, statement: str, data: memoryview) -> None:
-    cur.copy_expert(statement, _Payload(data), size=_COPY_CHUNK)
+    _install_quiet_copy_hook()
+    _copying.active = True
+    try:
+        cur.copy_expert(statement, _Payload(data), size=_COPY_CHUNK)
+    finally:
+        _copying.active = False
+
+
+# psycopg2 2.9 reports a session the server ends during COPY FROM twice: it raises the
+# error, and at the dying session's next result prints a SystemError ("<function
+# decode> returned a result with an exception set", caused by the first) through
+# sys.excepthook. The raised error says it all and reaches the run, which reports one
+# line; the print would put a traceback above it. This hook drops that print only,
+# on a thread inside our COPY, and passes everything else on.
+_copying = threading.local()
+
+
+def _install_quiet_copy_hook() -> None:
+    if getattr(sys.excepthook, "quiets_copy", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if (getattr(_copying, "active", False) and isinstance(value, SystemError)
+                and isinstance(value.__cause__, psycopg2.Error)):
+            log.debug("psycopg2's second report of a session ended during COPY: %s", value.__cause__)
+            return
+        previous(kind, value, traceback)
+
+    hook.quiets_copy = True
+    sys.excepthook = hook
 
 
 # Where a unit's number goes in a composed statement (PostgreSQL identifiers cannot hold
