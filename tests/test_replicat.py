@@ -77,10 +77,12 @@ def test_groups_hold_whole_transactions_and_a_truncate_starts_a_new_one():
         plan_chunk([TrailFile(7, "lt000000007", len(records), "")], [records.slice(1)], None, grouptransops=4)
 
 
-def test_a_file_is_cut_into_chunks_at_transaction_ends():
+@pytest.mark.parametrize("parts", [None, (5, 12)], ids=["whole files", "row groups"])
+def test_a_file_is_cut_into_chunks_at_transaction_ends(parts):
     """Chunks are consecutive rba ranges of the files, from the start position to the end,
     each ending at the first transaction end at which it holds its size (the first's,
-    then twice the last's up to the most), or at a file's end; each file is read once."""
+    then twice the last's up to the most), or at a file's end; each file is read once.
+    Read in parts (row groups) whose ends fall inside transactions, the chunks are the same."""
     ins_ = ("INSERT", "shop.orders")
     first_file = _trail_table([[ins_] * 3, [ins_], [ins_] * 4, [ins_] * 2, [ins_], [ins_] * 5, [ins_] * 2])
     second_file = _trail_table([[ins_] * 2, [ins_] * 3])
@@ -89,10 +91,23 @@ def test_a_file_is_cut_into_chunks_at_transaction_ends():
 
     def reader(file):
         read.append(file.seqno)
-        return {7: first_file, 8: second_file}[file.seqno]
+        table = {7: first_file, 8: second_file}[file.seqno]
+        if parts is None:
+            return [table]
+        # rbas 0-4, 5-11, 12-: transactions T3 (rbas 4-7) and T6 (11-15) span two parts.
+        bounds = [0, *parts, len(table)]
+        return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
 
-    chunks = [[(f.seqno, t.column("rba").to_pylist()) for f, t in zip(fs, ts)]
-              for fs, ts in cut(files, reader, 3, first=2, most=5)]
+    def rbas(files_, tables):
+        merged = []
+        for f, t in zip(files_, tables):
+            if merged and merged[-1][0] == f.seqno:
+                merged[-1][1].extend(t.column("rba").to_pylist())
+            else:
+                merged.append((f.seqno, t.column("rba").to_pylist()))
+        return merged
+
+    chunks = [rbas(fs, ts) for fs, ts in cut(files, reader, 3, first=2, most=5)]
     # From rba 3 (T2): T2 holds 1 record < 2, with T3 5 >= 2: [3..7]. Then 4: T4 and T5
     # hold 3 < 4, with T6 8: [8..15]. Then 5 (the most): T7 ends file 7 at 2 records, so
     # the chunk goes on into file 8 (a file's end ends a chunk only once it is full).
@@ -654,7 +669,7 @@ def test_a_file_split_into_chunks_applies_once_across_a_crash_between_them(captu
         cur.execute("SELECT seqno, path, records, sha256 FROM trailbound.trail_file ORDER BY seqno LIMIT 1")
         first_file = TrailFile(**cur.fetchone())
     records = trail.read_file(first_file.path)
-    pieces = cut([first_file], lambda f: records, 0, first=grouptransops, most=10 * grouptransops)
+    pieces = cut([first_file], lambda f: [records], 0, first=grouptransops, most=10 * grouptransops)
     first_chunk = plan_chunk(*next(pieces), None, grouptransops)
     assert next(pieces, None) is not None, "the first trail file must be split (make it larger)"
     assert len(first_chunk.groups) == 1 and first_chunk.end.seqno == first_file.seqno

@@ -10,7 +10,7 @@ position, log CSN, xids, audit time).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -77,7 +77,7 @@ def _transaction_starts(table: pa.Table) -> np.ndarray:
     return np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
 
 
-def cut(files: list[TrailFile], read: Callable[[TrailFile], pa.Table], start_rba: int, first: int,
+def cut(files: list[TrailFile], read: Callable[[TrailFile], Iterable[pa.Table]], start_rba: int, first: int,
         most: int) -> Iterator[tuple[list[TrailFile], list[pa.Table]]]:
     """The records of `files` from `start_rba` of the first on, as chunks: (files, their
     records' slices), consecutive, each ending at the first transaction end at which it
@@ -85,28 +85,34 @@ def cut(files: list[TrailFile], read: Callable[[TrailFile], pa.Table], start_rba
     first chunk's size is `first` records, each next one's twice the last, up to `most`:
     applying starts once the small first chunk is prepared, and each next chunk is
     prepared while the one before is applied, and is large enough to amortise a chunk's
-    fixed costs. A file is read (`read`) only when the chunk that starts in it is wanted."""
+    fixed costs. `read` gives a file's records in consecutive parts (its row groups),
+    read only when the chunk that needs them is wanted; a transaction may span parts, so
+    a chunk ends inside a file only where a transaction starts."""
     size, chunk_files, chunk_tables, count = first, [], [], 0
     for index, file in enumerate(files):
-        table = read(file)
-        if index == 0 and start_rba:
-            table = table.slice(start_rba)
-        starts = _transaction_starts(table)
-        while True:
-            # Cut before the first transaction that starts once the chunk is full
-            # (count < size here: a full chunk has been handed out).
-            at = int(np.searchsorted(starts, size - count))
-            if at == len(starts):  # the rest of the file belongs to this chunk
-                chunk_files.append(file)
-                chunk_tables.append(table)
-                count += len(table)
-                break
-            stop = int(starts[at])
-            chunk_files.append(file)
-            chunk_tables.append(table.slice(0, stop))
-            yield chunk_files, chunk_tables
-            size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0
-            table, starts = table.slice(stop), starts[at:] - stop
+        skip = start_rba if index == 0 else 0
+        for table in read(file):
+            if skip >= len(table):
+                skip -= len(table)
+                continue
+            table, skip = table.slice(skip), 0
+            starts = _transaction_starts(table)
+            while True:
+                # Cut before the first transaction that starts once the chunk is full (a
+                # chunk that filled up in an earlier part ends at this one's first start).
+                at = int(np.searchsorted(starts, size - count))
+                if at == len(starts):  # the rest of the part belongs to this chunk
+                    chunk_files.append(file)
+                    chunk_tables.append(table)
+                    count += len(table)
+                    break
+                stop = int(starts[at])
+                if stop:
+                    chunk_files.append(file)
+                    chunk_tables.append(table.slice(0, stop))
+                yield chunk_files, chunk_tables
+                size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0
+                table, starts = table.slice(stop), starts[at:] - stop
         if count >= size:
             yield chunk_files, chunk_tables
             size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0

@@ -35,6 +35,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -144,18 +145,15 @@ def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple
     return [TrailFile(row["seqno"], row["path"], row["records"], row["sha256"]) for row in rows], rba
 
 
-def _read(file: TrailFile, fs) -> pa.Table:
+def _read(file: TrailFile, fs) -> Iterator[pa.Table]:
+    """The file's records, a row group at a time (trail.format.read_parts)."""
     if not fs.exists(file.path):
         raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}",
                          rba=0)
     remote = fs is not trailfs.LOCAL
     # The whole file's SHA-256 as committed, local or not: a file rewritten so that it is
     # consistent with its own footer is still not the file capture committed.
-    table = trails.read_file(file.path, fs=fs if remote else None, sha256=file.sha256)
-    if len(table) != file.records:
-        raise TrailError(file.path, f"holds {len(table)} records; the trail lists {file.records}",
-                         rba=min(len(table), file.records))
-    return table
+    return trails.read_parts(file.path, fs=fs if remote else None, sha256=file.sha256, records=file.records)
 
 
 # ---------------------------------------------------------------- the run
@@ -249,11 +247,16 @@ class _Run:
                     pending.cancel()
                     raise
 
-    def _read(self, file: TrailFile) -> pa.Table:
+    def _read(self, file: TrailFile) -> Iterator[pa.Table]:
         began = time.perf_counter()
-        table = _read(file, self.fs)
-        self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
-        return table
+        parts = _read(file, self.fs)
+        while True:
+            part = next(parts, None)
+            self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
+            if part is None:
+                return
+            yield part
+            began = time.perf_counter()
 
     def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
         """The next chunk of `pieces` planned and netted; None after the last."""

@@ -28,6 +28,10 @@ from trailbound.positions import CSN_COLUMNS, Csn, TRAIL_ORDER, TrailPosition
 
 FORMAT_VERSION = 1
 _METADATA_KEY = b"trailbound.trail"
+# Records per Parquet row group. A reader decodes a file a row group at a time
+# (read_parts): replicat applies a file's first records before the rest are decoded.
+# Older files, one row group of up to 1M records, read the same way.
+ROW_GROUP_RECORDS = 65_536
 
 # Transaction indicator, as GoldenGate's TransInd: where a record sits in its transaction.
 BEGIN, MIDDLE, END, WHOLE = 0, 1, 2, 3
@@ -107,7 +111,7 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda temporary: pq.write_table(
         table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()}), temporary,
-        compression="zstd", write_page_checksum=True))
+        compression="zstd", write_page_checksum=True, row_group_size=ROW_GROUP_RECORDS))
     return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
 
 
@@ -263,10 +267,14 @@ class TrailWriter:
 def read_metadata(path: Path, *, source=None) -> dict:
     """The footer's trail metadata; `source` (bytes already read) stands for the file."""
     try:
-        metadata = pq.read_schema(path if source is None else pa.BufferReader(source)).metadata or {}
+        metadata = pq.read_schema(path if source is None else pa.BufferReader(source)).metadata
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"not a readable trail file: {_one_line(exc)}", rba=0) from None
-    if _METADATA_KEY not in metadata:
+    return _trail_metadata(path, metadata)
+
+
+def _trail_metadata(path, metadata: dict | None) -> dict:
+    if _METADATA_KEY not in (metadata or {}):
         raise TrailError(path, "not a trailbound trail file (no trail metadata)", rba=0)
     try:
         meta = json.loads(metadata[_METADATA_KEY])
@@ -282,13 +290,10 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | None = None) -> pa.Table:
-    """The records of a trail file; with `verify`, checked against its own metadata.
-
-    `path` may be a trail location on another filesystem (an s3a:// or hdfs:// URI) read
-    through `fs`, a `trailbound.files` file system. `sha256`, the whole file's SHA-256 as recorded in
-    trailbound.trail_file, is checked before anything is decoded: a remote copy that is
-    not the file that was committed stops the reader with the file's name."""
+def _open(path: Path | str, *, fs, sha256: str | None) -> tuple[pq.ParquetFile, dict]:
+    """A trail file opened for reading, its footer parsed once and checked: format
+    version, seqno against its name, and `sha256` (the whole file's, as recorded in
+    trailbound.trail_file) before anything is decoded."""
     source = None
     if fs is not None or sha256 is not None:
         from trailbound import files as trailfs
@@ -297,7 +302,16 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
         if sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:
             raise TrailError(path, f"file checksum {actual} does not match the recorded {sha256}: "
                                    "the file is damaged or is not the one that was committed", rba=0)
-    meta = read_metadata(path, source=source)
+    try:
+        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose first
+        # import (pandas with it) costs a replicat or pump run 0.2 s. A file whose SHA-256
+        # is the one recorded at commit is, byte for byte, the file its writer checked: its
+        # page checksums cannot tell anything more.
+        parquet = pq.ParquetFile(path if source is None else pa.BufferReader(source),
+                                 page_checksum_verification=sha256 is None)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TrailError(path, f"not a readable trail file: {_one_line(exc)}", rba=0) from None
+    meta = _trail_metadata(path, parquet.schema_arrow.metadata)
     if meta.get("format_version") != FORMAT_VERSION:
         raise TrailError(path, f"trail format version {meta.get('format_version')} is not {FORMAT_VERSION}", rba=0)
     name = str(path).rsplit("/", 1)[-1]
@@ -307,29 +321,66 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
     if seqno.isdigit() and name[:-9] == meta.get("trail") and meta["seqno"] != int(seqno):
         raise TrailError(path, f"its footer says trail seqno {meta['seqno']}, its name {int(seqno)}: a file copied "
                                "or renamed into the wrong place", rba=0)
-    # A file whose SHA-256 is the one recorded at commit is, byte for byte, the file its
-    # writer checked: its page checksums and content digest cannot tell anything more
-    # (0.08 s per 300,000 records a replicat or pump run does not spend).
-    committed = sha256 is not None
+    return parquet, meta
+
+
+def _check_count(path, records: int, meta: dict) -> None:
+    if records != meta["records"]:
+        raise TrailError(path, f"holds {records} records, its metadata says {meta['records']}",
+                         rba=min(records, meta["records"]))
+
+
+def _check_rbas(path, table: pa.Table, first: int) -> None:
+    """rbas count from 0 without a gap; `table` holds the records from rba `first` on."""
+    rbas = table.column("rba").to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(rbas != np.arange(first, first + len(rbas)))
+    if len(wrong):
+        at = first + int(wrong[0])
+        raise TrailError(path, f"record {at} carries rba {rbas[wrong[0]]}: rbas must count from 0 without a gap",
+                         rba=at)
+
+
+def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | None = None) -> pa.Table:
+    """The records of a trail file; with `verify`, checked against its own metadata.
+
+    `path` may be a trail location on another filesystem (an s3a:// or hdfs:// URI) read
+    through `fs`, a `trailbound.files` file system. `sha256`, the whole file's SHA-256 as recorded in
+    trailbound.trail_file, is checked before anything is decoded: a remote copy that is
+    not the file that was committed stops the reader with the file's name."""
+    parquet, meta = _open(path, fs=fs, sha256=sha256)
     try:
-        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose first
-        # import (pandas with it) costs a replicat or pump run 0.2 s.
-        table = pq.ParquetFile(path if source is None else pa.BufferReader(source),
-                               page_checksum_verification=not committed).read().replace_schema_metadata(None)
+        table = parquet.read().replace_schema_metadata(None)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=0) from None
     if verify:
-        if len(table) != meta["records"]:
-            raise TrailError(path, f"holds {len(table)} records, its metadata says {meta['records']}",
-                             rba=min(len(table), meta["records"]))
-        if not committed and _content_digest(table) != meta["content_sha256"]:
+        _check_count(path, len(table), meta)
+        # A committed file (its SHA-256 as recorded) needs no content digest: 0.08 s per
+        # 300,000 records a replicat or pump run does not spend.
+        if sha256 is None and _content_digest(table) != meta["content_sha256"]:
             raise TrailError(path, "content checksum does not match its metadata", rba=0)
-        rbas = table.column("rba").to_numpy(zero_copy_only=False)
-        wrong = np.flatnonzero(rbas != np.arange(len(rbas)))
-        if len(wrong):
-            raise TrailError(path, f"record {int(wrong[0])} carries rba {rbas[wrong[0]]}: rbas must count from 0 "
-                                   "without a gap", rba=int(wrong[0]))
+        _check_rbas(path, table, 0)
     return table
+
+
+def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Iterator[pa.Table]:
+    """The records of a committed trail file, one Parquet row group at a time, so that
+    the first records are used before the rest are decoded. Checked before the first
+    part: the file's SHA-256 (`sha256`, as recorded), its footer, and its count against
+    both the footer and `records` (as recorded); each part's rbas as it comes."""
+    parquet, meta = _open(path, fs=fs, sha256=sha256)
+    _check_count(path, parquet.metadata.num_rows, meta)
+    if records != meta["records"]:
+        raise TrailError(path, f"holds {meta['records']} records; the trail lists {records}",
+                         rba=min(records, meta["records"]))
+    first = 0
+    for number in range(parquet.num_row_groups):
+        try:
+            part = parquet.read_row_group(number).replace_schema_metadata(None)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
+        _check_rbas(path, part, first)
+        first += len(part)
+        yield part
 
 
 def iter_records(path: Path, from_rba: int = 0, count: int | None = None) -> Iterator[dict]:
