@@ -1,0 +1,123 @@
+"""What the prepare costs replicat's apply when both run at once (insert-heavy work, two
+target sessions). Every chunk of a run is prepared before the clock starts; then the run
+applies them while the same prepare runs again beside the apply and its output is
+thrown away: in a thread of the run's process (as replicat runs), in a forked child
+process, or not at all (the apply alone). docs/benchmarks/replicat.md, session 15.
+
+    .venv/bin/python tests/bench/replicat_contention.py [--rows N] [--rounds R]
+
+Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench's throwaway server);
+uses bench_replicat's databases, work and plain COPY. The experiment replaces
+`replicat.run._Run.chunks` for the runs of this process (a benchmark, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg2
+
+import bench_replicat as bench
+from benchdb import fresh_database
+
+MODES = ("none", "thread", "process")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from trailbound import config as configuration
+    from trailbound.archive.segments import load_defs
+    from trailbound.archive.writer import write_defs
+    from trailbound.metadata import MetadataStore, dsn_from_env
+    from trailbound.replicat import run as replicat_run
+    from trailbound.replicat import target as tgt
+    from trailbound.sources.simulator import source_tables
+    from trailbound.trail import format as trail
+
+    work = Path(tempfile.mkdtemp(prefix="trailbound-contention-"))
+    write_defs(work / "archive", [t.definition() for t in source_tables()])
+    defs = load_defs(work / "archive")
+    transactions, _ = bench.generate("insert", args.rows)
+    files = bench.write_trail(transactions, work / "dirdat" / "lt", trail)
+    meta_server, target_server = dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN")
+    config_path = work / "trailbound.yaml"
+    config_path.write_text(
+        f"home: {work}\nsources:\n  BENCH:\n    altarchivelogdest: {work / 'archive'}\n"
+        "replicats:\n  REP1:\n    exttrail: dirdat/lt\n    source: BENCH\n    grouptransops: 1000\n    map:\n"
+        + "".join(f"      - {{source: {t}, target: {t}}}\n" for t in bench.TABLES))
+    config = configuration.load(config_path)
+    copy_seconds, _ = bench.plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
+                                       transactions, "shop")
+
+    prepared_chunks = replicat_run._Run.chunks
+    timings: dict[str, float] = {}
+
+    def chunks_beside(mode: str):
+        def chunks(self, trail_files, start_rba):
+            prepared = list(prepared_chunks(self, trail_files, start_rba))
+
+            def prepare_again() -> None:
+                for _ in prepared_chunks(self, trail_files, start_rba):
+                    pass
+
+            began = time.perf_counter()
+            beside = None
+            if mode == "thread":
+                beside = threading.Thread(target=prepare_again)
+            elif mode == "process":
+                beside = multiprocessing.get_context("fork").Process(target=prepare_again)
+            if beside is not None:
+                beside.start()
+            yield from prepared
+            timings["apply"] = time.perf_counter() - began
+            if beside is not None:
+                beside.join()
+        return chunks
+
+    def one_run(mode: str) -> tuple[float, str]:
+        meta = fresh_database(meta_server, "trailbound_bench_replicat_meta")
+        target = fresh_database(target_server, "trailbound_bench_replicat_target")
+        with psycopg2.connect(target) as connection, connection.cursor() as cur:
+            tgt.create_tables(cur, {t: defs[t] for t in bench.TABLES}, [bench.configuration_rule("shop")])
+        connection.close()
+        store = MetadataStore.open(meta)
+        with store.transaction() as cur:
+            for f in files:
+                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256,"
+                            " first_csn, last_csn, log_bsn, written_by) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,'BENCH')",
+                            (str(work / "dirdat" / "lt"), f.seqno, str(f.path), f.records, f.bytes, f.sha256,
+                             str(f.first_csn), str(f.last_csn), f.log_bsn))
+        replicat_run._Run.chunks = chunks_beside(mode)
+        try:
+            replicat_run.run_replicat(_no_spark, store, config, "REP1", target_dsn=target)
+        finally:
+            replicat_run._Run.chunks = prepared_chunks
+            store.close()
+        return timings["apply"], bench.target_digest(target)[:12]
+
+    print(f"{args.rows:,} insert-heavy changes, GROUPTRANSOPS 1000; plain COPY {copy_seconds:.3f} s")
+    print("| round | the prepare beside the apply | apply | share of COPY | target digest |")
+    print("|---|---|---|---|---|")
+    for number in range(1, args.rounds + 1):
+        for mode in MODES:
+            seconds, digest = one_run(mode)
+            print(f"| {number} | {mode} | {seconds:.3f} s | {copy_seconds / seconds:.0%} | `{digest}` |", flush=True)
+    return 0
+
+
+def _no_spark():
+    raise AssertionError("insert-heavy work needs no Spark")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
