@@ -303,10 +303,9 @@ def _open(path: Path | str, *, fs, sha256: str | None) -> tuple[pq.ParquetFile, 
             raise TrailError(path, f"file checksum {actual} does not match the recorded {sha256}: "
                                    "the file is damaged or is not the one that was committed", rba=0)
     try:
-        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose first
-        # import (pandas with it) costs a replicat or pump run 0.2 s. A file whose SHA-256
-        # is the one recorded at commit is, byte for byte, the file its writer checked: its
-        # page checksums cannot tell anything more.
+        # ParquetFile, not read_table: it reads a row group at a time (read_parts) and needs
+        # no pyarrow.dataset. A file whose SHA-256 is the one recorded at commit is, byte
+        # for byte, the file its writer checked: its page checksums cannot tell anything more.
         parquet = pq.ParquetFile(path if source is None else pa.BufferReader(source),
                                  page_checksum_verification=sha256 is None)
     except (OSError, pa.ArrowInvalid) as exc:
