@@ -365,7 +365,10 @@ def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Itera
     """The records of a committed trail file, one Parquet row group at a time, so that
     the first records are used before the rest are decoded. Checked before the first
     part: the file's SHA-256 (`sha256`, as recorded), its footer, and its count against
-    both the footer and `records` (as recorded); each part's rbas as it comes."""
+    both the footer and `records` (as recorded); each part's rbas as it comes. So a wrong
+    rba in a later part stops the reader after the earlier parts were used: only a
+    writer can have put it there (the bytes are the committed ones), and what was used
+    before it is correct."""
     parquet, meta = _open(path, fs=fs, sha256=sha256)
     _check_count(path, parquet.metadata.num_rows, meta)
     if records != meta["records"]:
