@@ -5,7 +5,8 @@ transaction held open across rounds, TRUNCATE; after every round `archive pull`,
 `extract run`, `pump run`, `replicat run`, and the target equals the source table by table
 (digests computed in SQL on both servers) with the checkpoint row at the last commit LSN.
 Pulls killed between a segment and its manifest and between the manifest and the slot's
-confirmation converge on the rerun; the slot is never confirmed past the archive. Every
+confirmation, and a pull whose replication session the source ends, converge on the rerun
+(that pull stopping with one line); the slot is never confirmed past the archive. Every
 refusal leaves nothing behind. The source server's TimeZone, DateStyle, bytea_output and
 extra_float_digits are all unlike the archive's forms."""
 
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg2
@@ -382,3 +384,40 @@ def test_extract_run_pull_captures_while_the_pull_reads_the_slot(source_dsn, tar
                          "  EXT1: {source: SIM, exttrail: dirdat/sim, table: ['*.*']}\n")
     assert _run(simulated, "extract", "run", "EXT1", "--pull") == 1
     assert "source SIM has no postgres: block" in capsys.readouterr().err
+
+
+@pytest.mark.long_running(40)
+def test_a_pull_whose_replication_session_is_ended_stops_with_one_line_and_the_rerun_converges(source_dsn, tmp_path):
+    """The source ends the pull's replication session mid-stream (a restart, a failover,
+    pg_terminate_backend): the pull stops with one ERROR line naming the source, the slot
+    is not confirmed past the archive, and the next pull archives every change once."""
+    execute(source_dsn, ODD)
+    env = {**os.environ, SOURCE_ENV: source_dsn}
+    config_path = write_config(tmp_path, tables=("Mixed.*",))
+    added = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "add", "source",
+                            "PG"], env=env, capture_output=True, text=True, timeout=120)
+    assert added.returncode == 0, added.stderr
+    batches, rows = 20, 10_000
+    for batch in range(batches):  # one transaction each
+        execute(source_dsn, ODD_ROWS, args={"toast": NEVER, "first": batch * rows + 1, "last": (batch + 1) * rows})
+    pull = subprocess.Popen([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "archive", "pull",
+                             "PG"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    archive = tmp_path / "archive"
+    while pull.poll() is None and not (archive.is_dir() and discover(archive)):
+        time.sleep(0.01)  # mid-stream once the first segment is archived (the backlog takes seconds)
+    (walsender,), = query(source_dsn, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'trailbound_pg'")
+    assert pull.poll() is None and walsender is not None, "the pull ended before its session could be ended"
+    execute(source_dsn, "SELECT pg_terminate_backend(%(pid)s)", args={"pid": walsender})
+    out, err = pull.communicate(timeout=300)
+    lines = err.strip().splitlines()
+    assert pull.returncode == 1 and len(lines) == 1 and lines[0].startswith("ERROR "), err[-3000:]
+    assert lines[0].startswith("ERROR source PG: the connection to the source failed after LSN ") and \
+        "terminating connection due to administrator command" in lines[0], lines[0]
+    _assert_slot_within_archive(source_dsn, archive)
+
+    again = _pull_subprocess(config_path, source_dsn)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _assert_slot_within_archive(source_dsn, archive)
+    ids = [json.loads(r["after"])["id"] for r in _records(archive)
+           if r["table"] == "Mixed.Odd Name" and r["op"] == "INSERT"]
+    assert sorted(ids) == list(range(1, batches * rows + 1))

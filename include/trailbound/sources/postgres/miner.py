@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Callable
 
+import psycopg2
+
 from trailbound.archive.segments import TableDef, load_defs
 from trailbound.archive.contract import RECORD_FIELDS
 from trailbound.archive.writer import encode_json, from_micros, to_micros, write_segment_columns
@@ -350,30 +352,41 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
     result = PullResult(source)
     state = miner_state.load(archive)
     defs = load_defs(archive)
-    with SlotReader(dsn, slot, publication) as reader:
-        if state.slot != slot:
-            raise TrailboundError(f"{archive}: this archive was written from slot {state.slot!r}, the configuration "
-                                  f"names slot {slot!r}")
-        until = reader.wal_position()
-        started = datetime.now(UTC)
-        types: dict[tuple[int, int], str] = {}
+    last: Lsn | None = None  # the position of the last message read
+    try:
+        with SlotReader(dsn, slot, publication) as reader:
+            if state.slot != slot:
+                raise TrailboundError(f"{archive}: this archive was written from slot {state.slot!r}, the "
+                                      f"configuration names slot {slot!r}")
+            until = reader.wal_position()
+            started = datetime.now(UTC)
+            types: dict[tuple[int, int], str] = {}
 
-        def type_name(oid: int, modifier: int) -> str:
-            if (oid, modifier) not in types:
-                types[oid, modifier] = reader.query("SELECT format_type(%s, %s)", (oid, modifier))[0][0]
-            return types[oid, modifier]
+            def type_name(oid: int, modifier: int) -> str:
+                if (oid, modifier) not in types:
+                    types[oid, modifier] = reader.query("SELECT format_type(%s, %s)", (oid, modifier))[0][0]
+                return types[oid, modifier]
 
-        reader.start()
-        if reader.confirmed_at_start is not None:
-            state.forget_ended_before(reader.confirmed_at_start.value)
-        miner = Miner(archive, defs, limits, state, type_name, result)
-        try:
-            for received in reader.messages(until, patience=patience):
-                miner.handle(received)
-        except SchemaChanged:
+            reader.start()
+            if reader.confirmed_at_start is not None:
+                state.forget_ended_before(reader.confirmed_at_start.value)
+            miner = Miner(archive, defs, limits, state, type_name, result)
+            try:
+                for received in reader.messages(until, patience=patience):
+                    last = received.lsn
+                    miner.handle(received)
+            except SchemaChanged:
+                _close(miner, reader, result, started)
+                raise
             _close(miner, reader, result, started)
-            raise
-        _close(miner, reader, result, started)
+    except psycopg2.Error as exc:
+        # The source ended the session (a restart, a failover, pg_terminate_backend) or the
+        # network did. The slot is confirmed only to what the archive holds, so what this
+        # pull read and did not archive is sent again to the next one.
+        at = f" after LSN {last}" if last is not None else ""
+        raise TrailboundError(f"source {source}: the connection to the source failed{at}: "
+                              f"{' '.join((exc.pgerror or str(exc)).split())}; the next pull reads again "
+                              "from the slot's confirmed position") from None
     return result
 
 
