@@ -421,3 +421,11 @@ def test_a_pull_whose_replication_session_is_ended_stops_with_one_line_and_the_r
     ids = [json.loads(r["after"])["id"] for r in _records(archive)
            if r["table"] == "Mixed.Odd Name" and r["op"] == "INSERT"]
     assert sorted(ids) == list(range(1, batches * rows + 1))
+
+    # A source that cannot be reached at all: one line, the DSN without its password.
+    unreachable = psycopg2.extensions.make_dsn(source_dsn, port=1, password="s3cret-pw")
+    down = _pull_subprocess(config_path, unreachable)
+    lines = down.stderr.strip().splitlines()
+    assert down.returncode == 1 and len(lines) == 1 and lines[0].startswith("ERROR cannot connect to source PG "), \
+        down.stderr[-3000:]
+    assert "s3cret-pw" not in down.stderr + down.stdout

@@ -29,6 +29,7 @@ from trailbound.archive.contract import RECORD_FIELDS
 from trailbound.archive.writer import encode_json, from_micros, to_micros, write_segment_columns
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
+from trailbound.metadata import connection_error
 from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
@@ -380,11 +381,12 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
                 raise
             _close(miner, reader, result, started)
     except psycopg2.Error as exc:
+        if last is None:  # the source cannot be reached (the driver's text may quote the DSN)
+            raise connection_error(f"source {source}", dsn, exc) from None
         # The source ended the session (a restart, a failover, pg_terminate_backend) or the
         # network did. The slot is confirmed only to what the archive holds, so what this
         # pull read and did not archive is sent again to the next one.
-        at = f" after LSN {last}" if last is not None else ""
-        raise TrailboundError(f"source {source}: the connection to the source failed{at}: "
+        raise TrailboundError(f"source {source}: the connection to the source failed after LSN {last}: "
                               f"{' '.join((exc.pgerror or str(exc)).split())}; the next pull reads again "
                               "from the slot's confirmed position") from None
     return result
