@@ -429,3 +429,28 @@ def test_a_pull_whose_replication_session_is_ended_stops_with_one_line_and_the_r
     assert down.returncode == 1 and len(lines) == 1 and lines[0].startswith("ERROR cannot connect to source PG "), \
         down.stderr[-3000:]
     assert "s3cret-pw" not in down.stderr + down.stdout
+
+
+def test_a_source_that_cannot_be_reached_is_one_line_without_its_password(source_dsn, target_dsn, spark, tmp_path,
+                                                                         monkeypatch, capsys):
+    """Every verb that talks to the source says which source it cannot reach, with the DSN
+    and the driver's text but not the password, in one line, and writes nothing."""
+    monkeypatch.setenv(SOURCE_ENV, source_dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    execute(source_dsn, ODD)
+    config_path = write_config(tmp_path, tables=("Mixed.*",))
+    assert _run(config_path, "add", "source", "PG") == 0
+    assert _run(config_path, "target", "create", "--source", "PG") == 0
+    archive = sorted(p.relative_to(tmp_path) for p in (tmp_path / "archive").rglob("*"))
+    monkeypatch.setenv(SOURCE_ENV, psycopg2.extensions.make_dsn(source_dsn, port=1, password="s3cret-pw"))
+    for words, what in ((["info", "source", "PG"], "source PG"), (["archive", "pull", "PG"], "source PG"),
+                        (["load", "PG", "REP1"], "the source"), (["delete", "source", "PG"], "source PG"),
+                        (["add", "source", "PG"], "source PG")):
+        capsys.readouterr()
+        status = _run(config_path, *words)
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert status == 1 and len(lines) == 1 and lines[0].startswith(f"ERROR cannot connect to {what} "), (words, err)
+        assert "password=***" in lines[0] and "s3cret-pw" not in out + err, (words, err)
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "archive").rglob("*")) == archive
+    assert query(source_dsn, "SELECT count(*) FROM pg_replication_slots")[0][0] == 1

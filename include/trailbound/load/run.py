@@ -37,7 +37,7 @@ from trailbound.grouplock import GroupLock
 from trailbound.load import progress
 from trailbound.load.copy import SESSION, ChunkTask, copy_chunk
 from trailbound.load.windows import WATERMARK, WATERMARK_DDL, create_state
-from trailbound.metadata import MetadataStore, dsn_from_env
+from trailbound.metadata import MetadataStore, connection_error, dsn_from_env
 from trailbound.replicat import target as tgt
 from trailbound.sources.postgres import keyranges
 from trailbound.sources.postgres import state as miner_state
@@ -191,7 +191,10 @@ class _Load:
     # ---------------------------------------------------------------- steps
 
     def _source(self, work):
-        connection = psycopg2.connect(self.source_dsn, options=SESSION)
+        try:
+            connection = psycopg2.connect(self.source_dsn, options=SESSION)
+        except psycopg2.Error as exc:
+            raise connection_error(f"source {self.source}", self.source_dsn, exc) from None
         connection.autocommit = True
         try:
             with connection.cursor() as cur:

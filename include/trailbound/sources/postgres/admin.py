@@ -21,7 +21,7 @@ from trailbound.archive.writer import write_defs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import utc
-from trailbound.metadata import dsn_from_env
+from trailbound.metadata import connection_error, dsn_from_env
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
 from trailbound.sources.postgres.reader import session_options
@@ -64,7 +64,11 @@ class SourceTable:
 
 def connect(config: Config, source: str, dsn: str | None = None):
     pg = config.postgres(source)
-    connection = psycopg2.connect(dsn or dsn_from_env(pg.dsn_env), options=session_options())
+    dsn = dsn or dsn_from_env(pg.dsn_env)
+    try:
+        connection = psycopg2.connect(dsn, options=session_options())
+    except psycopg2.Error as exc:
+        raise connection_error(f"source {source}", dsn, exc) from None
     connection.autocommit = True
     return connection
 

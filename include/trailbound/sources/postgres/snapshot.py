@@ -22,6 +22,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
+from trailbound.metadata import connection_error
 from trailbound.sources.postgres.lsn import Lsn
 from trailbound.sources.postgres.reader import session_options
 
@@ -36,7 +37,10 @@ class ExportedSnapshot:
     _replication = None
 
     def __enter__(self) -> "ExportedSnapshot":
-        plain = psycopg2.connect(self.dsn, options=session_options())
+        try:
+            plain = psycopg2.connect(self.dsn, options=session_options())
+        except psycopg2.Error as exc:
+            raise connection_error("the source", self.dsn, exc) from None
         plain.autocommit = True
         try:
             with plain.cursor() as cur:
