@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg2
@@ -453,4 +454,27 @@ def test_a_source_that_cannot_be_reached_is_one_line_without_its_password(source
         assert status == 1 and len(lines) == 1 and lines[0].startswith(f"ERROR cannot connect to {what} "), (words, err)
         assert "password=***" in lines[0] and "s3cret-pw" not in out + err, (words, err)
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "archive").rglob("*")) == archive
+    assert query(source_dsn, "SELECT count(*) FROM pg_replication_slots")[0][0] == 1
+
+
+def test_a_refusal_no_step_names_is_still_one_line(source_dsn, target_dsn, spark, tmp_path, monkeypatch, capsys):
+    """A database's refusal that no step turns into one of trailbound's errors (here a role
+    without REPLICATION asked for a snapshot load, which replaces the slot) is one ERROR
+    line with the verb and the server's words, not a traceback, and changes nothing."""
+    monkeypatch.setenv(SOURCE_ENV, source_dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    execute(source_dsn, ODD)
+    config_path = write_config(tmp_path, tables=("Mixed.*",))
+    assert _run(config_path, "add", "source", "PG") == 0
+    assert _run(config_path, "target", "create", "--source", "PG") == 0
+    role = f"tb_noreplication_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server
+    execute(source_dsn, f'CREATE ROLE "{role}" LOGIN NOREPLICATION')
+    try:
+        monkeypatch.setenv(SOURCE_ENV, psycopg2.extensions.make_dsn(source_dsn, user=role))
+        capsys.readouterr()
+        assert _run(config_path, "load", "PG", "REP1") == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == ["ERROR load: must be superuser or replication role to use replication slots"], lines
+    finally:
+        execute(source_dsn, f'DROP ROLE "{role}"')
     assert query(source_dsn, "SELECT count(*) FROM pg_replication_slots")[0][0] == 1

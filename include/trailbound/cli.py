@@ -893,6 +893,17 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a command the pipe ended
+    except Exception as exc:
+        # A database's refusal that no step turned into one of ours (those name the server):
+        # still one line, the server's own words, not a traceback. The driver's text for a
+        # session already open never holds a DSN; every connect names its server itself.
+        if not type(exc).__module__.startswith("psycopg2"):
+            raise
+        words = " ".join((getattr(exc, "pgerror", None) or str(exc)).split())
+        for severity in ("ERROR: ", "FATAL: "):  # the server's own prefix: ours says ERROR already
+            words = words.removeprefix(severity)
+        print(f"ERROR {args.handler.__name__.replace('_', ' ')}: {words}", file=sys.stderr)
+        return 1
     finally:
         ctx.close()
 
