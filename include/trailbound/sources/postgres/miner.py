@@ -380,7 +380,7 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
                 _close(miner, reader, result, started)
                 raise
             _close(miner, reader, result, started)
-    except psycopg2.Error as exc:
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:  # the connection, not a refusal
         if last is None:  # the source cannot be reached (the driver's text may quote the DSN)
             raise connection_error(f"source {source}", dsn, exc) from None
         # The source ended the session (a restart, a failover, pg_terminate_backend) or the
