@@ -432,11 +432,12 @@ def test_a_pull_whose_replication_session_is_ended_stops_with_one_line_and_the_r
     assert "s3cret-pw" not in down.stderr + down.stdout
 
 
-def _added_with_a_target(source_dsn: str, target_dsn: str, tmp_path: Path, monkeypatch) -> Path:
+def _added_with_a_target(source_dsn: str, target_dsn: str, metadata_dsn: str, tmp_path: Path, monkeypatch) -> Path:
     """A source added (its slot, publication and archive) and its target tables created;
     the configuration's path."""
     monkeypatch.setenv(SOURCE_ENV, source_dsn)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_dsn)
     execute(source_dsn, ODD)
     config_path = write_config(tmp_path, tables=("Mixed.*",))
     assert _run(config_path, "add", "source", "PG") == 0
@@ -444,11 +445,11 @@ def _added_with_a_target(source_dsn: str, target_dsn: str, tmp_path: Path, monke
     return config_path
 
 
-def test_a_source_that_cannot_be_reached_is_one_line_without_its_password(source_dsn, target_dsn, spark, tmp_path,
-                                                                         monkeypatch, capsys):
+def test_a_source_that_cannot_be_reached_is_one_line_without_its_password(source_dsn, target_dsn, metadata_dsn, spark,
+                                                                         tmp_path, monkeypatch, capsys):
     """Every verb that talks to the source says which source it cannot reach, with the DSN
     and the driver's text but not the password, in one line, and writes nothing."""
-    config_path = _added_with_a_target(source_dsn, target_dsn, tmp_path, monkeypatch)
+    config_path = _added_with_a_target(source_dsn, target_dsn, metadata_dsn, tmp_path, monkeypatch)
     archive = sorted(p.relative_to(tmp_path) for p in (tmp_path / "archive").rglob("*"))
     monkeypatch.setenv(SOURCE_ENV, psycopg2.extensions.make_dsn(source_dsn, port=1, password="s3cret-pw"))
     for words, what in ((["info", "source", "PG"], "source PG"), (["archive", "pull", "PG"], "source PG"),
@@ -464,11 +465,12 @@ def test_a_source_that_cannot_be_reached_is_one_line_without_its_password(source
     assert query(source_dsn, "SELECT count(*) FROM pg_replication_slots")[0][0] == 1
 
 
-def test_a_refusal_no_step_names_is_still_one_line(source_dsn, target_dsn, spark, tmp_path, monkeypatch, capsys):
+def test_a_refusal_no_step_names_is_still_one_line(source_dsn, target_dsn, metadata_dsn, spark, tmp_path, monkeypatch,
+                                                   capsys):
     """A database's refusal that no step turns into one of trailbound's errors (here a role
     without REPLICATION asked for a snapshot load, which replaces the slot) is one ERROR
     line with the verb and the server's words, not a traceback, and changes nothing."""
-    config_path = _added_with_a_target(source_dsn, target_dsn, tmp_path, monkeypatch)
+    config_path = _added_with_a_target(source_dsn, target_dsn, metadata_dsn, tmp_path, monkeypatch)
     role = f"tb_noreplication_{uuid.uuid4().hex[:8]}"  # roles belong to the whole server
     execute(source_dsn, f'CREATE ROLE "{role}" LOGIN NOREPLICATION')
     try:
