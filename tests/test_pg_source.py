@@ -393,16 +393,15 @@ def test_a_pull_whose_replication_session_is_ended_stops_with_one_line_and_the_r
     pg_terminate_backend): the pull stops with one ERROR line naming the source, the slot
     is not confirmed past the archive, and the next pull archives every change once."""
     execute(source_dsn, ODD)
-    env = {**os.environ, SOURCE_ENV: source_dsn}
     config_path = write_config(tmp_path, tables=("Mixed.*",))
-    added = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "add", "source",
-                            "PG"], env=env, capture_output=True, text=True, timeout=120)
+    added = _killed(config_path, source_dsn, None, "add", "source", "PG")
     assert added.returncode == 0, added.stderr
     batches, rows = 20, 10_000
     for batch in range(batches):  # one transaction each
         execute(source_dsn, ODD_ROWS, args={"toast": NEVER, "first": batch * rows + 1, "last": (batch + 1) * rows})
     pull = subprocess.Popen([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "archive", "pull",
-                             "PG"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "PG"], env={**os.environ, SOURCE_ENV: source_dsn}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     archive = tmp_path / "archive"
     while pull.poll() is None and not (archive.is_dir() and discover(archive)):
         time.sleep(0.01)  # mid-stream once the first segment is archived (the backlog takes seconds)

@@ -197,6 +197,37 @@ def configuration_rule(schema: str):
     return MapRule(source="shop.*", target=f"{schema}.*")
 
 
+def replicat_config(home: Path, archive: Path, grouptransops: int, sessions: int):
+    """REP1 reading `home`/dirdat/lt into the three tables: the configuration, loaded."""
+    from trailbound import config as configuration
+
+    path = home / "trailbound.yaml"
+    path.write_text(f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: {archive}\nreplicats:\n  REP1:\n"
+                    f"    exttrail: dirdat/lt\n    source: BENCH\n    grouptransops: {grouptransops}\n"
+                    f"    apply_parallelism: {sessions}\n    map:\n" +
+                    "".join(f"      - {{source: {t}, target: {t}}}\n" for t in TABLES))
+    return configuration.load(path)
+
+
+def create_target(target_dsn: str, defs) -> None:
+    """The three tables, empty, in the target."""
+    from trailbound.replicat import target as tgt
+
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        tgt.create_tables(cur, {t: defs[t] for t in TABLES}, [configuration_rule("shop")])
+    connection.close()
+
+
+def register_trail(store, prefix: Path, files) -> None:
+    """The trail's files, committed in trailbound.trail_file as capture would."""
+    with store.transaction() as cur:
+        for f in files:
+            cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
+                        " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
+                        (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
+                         str(f.last_csn), f.log_bsn))
+
+
 def preload_target(target_dsn: str, defs, preload: dict[str, list[dict]]) -> None:
     connection = psycopg2.connect(target_dsn)
     with connection.cursor() as cur:
@@ -294,13 +325,11 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help=f"print only; leave {RESULTS.name} alone")
     args = parser.parse_args()
 
-    from trailbound import config as configuration
     from trailbound import spark as spark_session
     from trailbound.trail import format as trail
     from trailbound.archive.segments import load_defs
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
-    from trailbound.replicat import target as tgt
     from trailbound.replicat import netpython
     from trailbound.replicat.run import run_replicat
     from trailbound.sources.simulator import source_tables
@@ -333,23 +362,11 @@ def main() -> int:
             for groupops, sessions in ((g, p) for g in args.grouptransops for p in args.apply_parallelism):
                 meta_dsn = fresh_database(metadata_server, "trailbound_bench_replicat_meta")
                 target_dsn = fresh_database(target_server, "trailbound_bench_replicat_target")
-                config_path = work / kind / "trailbound.yaml"
-                config_path.write_text(f"home: {work / kind}\nsources:\n  BENCH:\n    altarchivelogdest: "
-                                       f"{work / 'archive'}\nreplicats:\n  REP1:\n    exttrail: dirdat/lt\n"
-                                       f"    source: BENCH\n    grouptransops: {groupops}\n"
-                                       f"    apply_parallelism: {sessions}\n    map:\n" +
-                                       "".join(f"      - {{source: {t}, target: {t}}}\n" for t in TABLES))
-                config = configuration.load(config_path)
-                with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
-                    tgt.create_tables(cur, {t: defs[t] for t in TABLES}, [configuration_rule("shop")])
+                config = replicat_config(work / kind, work / "archive", groupops, sessions)
+                create_target(target_dsn, defs)
                 preload_target(target_dsn, defs, preload)
                 store = MetadataStore.open(meta_dsn)
-                with store.transaction() as cur:
-                    for f in files:
-                        cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256,"
-                                    " first_csn, last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s,"
-                                    " %s, %s, 'BENCH')", (str(prefix), f.seqno, str(f.path), f.records, f.bytes,
-                                                          f.sha256, str(f.first_csn), str(f.last_csn), f.log_bsn))
+                register_trail(store, prefix, files)
                 started = time.perf_counter()
                 result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
                 seconds = time.perf_counter() - started

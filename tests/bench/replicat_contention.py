@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import shutil
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-
-import psycopg2
 
 import bench_replicat as bench
 from benchdb import fresh_database
@@ -35,12 +34,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from trailbound import config as configuration
     from trailbound.archive.segments import load_defs
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
     from trailbound.replicat import run as replicat_run
-    from trailbound.replicat import target as tgt
     from trailbound.sources.simulator import source_tables
     from trailbound.trail import format as trail
 
@@ -50,12 +47,7 @@ def main() -> int:
     transactions, _ = bench.generate("insert", args.rows)
     files = bench.write_trail(transactions, work / "dirdat" / "lt", trail)
     meta_server, target_server = dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN")
-    config_path = work / "trailbound.yaml"
-    config_path.write_text(
-        f"home: {work}\nsources:\n  BENCH:\n    altarchivelogdest: {work / 'archive'}\n"
-        "replicats:\n  REP1:\n    exttrail: dirdat/lt\n    source: BENCH\n    grouptransops: 1000\n    map:\n"
-        + "".join(f"      - {{source: {t}, target: {t}}}\n" for t in bench.TABLES))
-    config = configuration.load(config_path)
+    config = bench.replicat_config(work, work / "archive", grouptransops=1000, sessions=2)
     copy_seconds, _ = bench.plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
                                        transactions, "shop")
 
@@ -87,16 +79,9 @@ def main() -> int:
     def one_run(mode: str) -> tuple[float, str]:
         meta = fresh_database(meta_server, "trailbound_bench_replicat_meta")
         target = fresh_database(target_server, "trailbound_bench_replicat_target")
-        with psycopg2.connect(target) as connection, connection.cursor() as cur:
-            tgt.create_tables(cur, {t: defs[t] for t in bench.TABLES}, [bench.configuration_rule("shop")])
-        connection.close()
+        bench.create_target(target, defs)
         store = MetadataStore.open(meta)
-        with store.transaction() as cur:
-            for f in files:
-                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256,"
-                            " first_csn, last_csn, log_bsn, written_by) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,'BENCH')",
-                            (str(work / "dirdat" / "lt"), f.seqno, str(f.path), f.records, f.bytes, f.sha256,
-                             str(f.first_csn), str(f.last_csn), f.log_bsn))
+        bench.register_trail(store, work / "dirdat" / "lt", files)
         replicat_run._Run.chunks = chunks_beside(mode)
         try:
             replicat_run.run_replicat(_no_spark, store, config, "REP1", target_dsn=target)
@@ -112,6 +97,7 @@ def main() -> int:
         for mode in MODES:
             seconds, digest = one_run(mode)
             print(f"| {number} | {mode} | {seconds:.3f} s | {copy_seconds / seconds:.0%} | `{digest}` |", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -77,15 +77,17 @@ def _holds_escapable(text) -> bool:
     return False
 
 
+def _fields(values: list, separator: str = "\t") -> pa.Array:
+    """copy_values joined row by row, a NULL written as \\N."""
+    return pc.binary_join_element_wise(*values, separator, null_handling="replace", null_replacement=COPY_NULL)
+
+
 def copy_lines(values: list) -> pa.Array:
     """COPY lines from each column's copy_values: tab-separated, NULL as \\N, each ending
     in a newline (the newline joined to the last column, so the lines are built in one
     pass over the row's text)."""
     *first, last = values
-    last = pc.binary_join_element_wise(last, "", "\n", null_handling="replace", null_replacement=COPY_NULL)
-    if not first:
-        return last
-    return pc.binary_join_element_wise(*first, last, "\t", null_handling="replace", null_replacement=COPY_NULL)
+    return _fields([*first, _fields([last, ""], "\n")])
 
 
 def joined(lines: pa.Array) -> pa.Buffer:
@@ -232,13 +234,11 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
         values.append(copy_values(pc.if_else(pa.array(has), picked, pa.nulls(len(has), picked.type))))
         present.append(has)
     starts, kind = starts[survives], kind[survives]
-    value_text = pc.binary_join_element_wise(*values, "\t", null_handling="replace", null_replacement=COPY_NULL)
+    value_text = _fields(values)
     insert_lines = pc.binary_join_element_wise(value_text, "", "\n")
     staged = kind != "I"
     if staged.any():
-        okey = pc.binary_join_element_wise(
-            *[copy_values(frame.column(f"k{j}").take(pa.array(starts))) for j in range(len(key))], "\t",
-            null_handling="replace", null_replacement=COPY_NULL)
+        okey = _fields([copy_values(frame.column(f"k{j}").take(pa.array(starts))) for j in range(len(key))])
         flags = [pc.if_else(pa.array(p), "1", "0") for p in present]
         mask = pc.binary_join_element_wise(*flags, "") if len(flags) > 1 else flags[0]
         kinds = pc.if_else(pa.array(kind == "D"), "D", "U")

@@ -90,16 +90,12 @@ def net_lines(records: list[dict], shapes: dict[str, Shape]) -> pa.Table:
             first, last = life["first_role"], life["last_role"]
             if first == MOVED_IN or last == MOVED_OUT:
                 linked.append(life)
-            elif first == NEW:
-                if last != DELETED:
-                    rows.append({"unit": life["unit"], "table": life["table"], "kind": "I", "okey": None,
-                                 "vals": life["vals"]})
-            elif last == DELETED:
-                rows.append({"unit": life["unit"], "table": life["table"], "kind": "D", "okey": life["okey"],
-                             "vals": None})
-            else:
-                rows.append({"unit": life["unit"], "table": life["table"], "kind": "U", "okey": life["okey"],
-                             "vals": life["vals"]})
+                continue
+            kind = ("I" if last != DELETED else None) if first == NEW else "D" if last == DELETED else "U"
+            if kind is not None:  # None: inserted and deleted again, nothing to apply
+                rows.append({"unit": life["unit"], "table": life["table"], "kind": kind,
+                             "okey": None if kind == "I" else life["okey"],
+                             "vals": None if kind == "D" else life["vals"]})
     return lines_of(rows + resolve_chains(linked), shapes)
 
 

@@ -248,15 +248,14 @@ class _Run:
                     raise
 
     def _read(self, file: TrailFile) -> Iterator[pa.Table]:
-        began = time.perf_counter()
         parts = _read(file, self.fs)
         while True:
+            began = time.perf_counter()
             part = next(parts, None)
             self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
             if part is None:
                 return
             yield part
-            began = time.perf_counter()
 
     def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
         """The next chunk of `pieces` planned and netted; None after the last."""
