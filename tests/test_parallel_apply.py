@@ -155,6 +155,35 @@ def test_a_refused_row_in_a_parallel_group_commits_nothing_after_it(tmp_path, sp
     assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(records[-1]))
 
 
+def test_a_row_refused_at_commit_on_a_parallel_session_commits_nothing_after_it(tmp_path, spark, store, target_dsn):
+    """A deferred constraint refuses a parallel group only at its COMMIT, which the
+    lane sends with the checkpoint row: the group and every one after it roll back, the
+    error names the refused transaction, the checkpoint row is just before it, and the
+    lanes' sessions are left with no transaction open (the rerun converges)."""
+    _insert_only(tmp_path, 40, salaries=False)
+    _, config, records = _prepare(tmp_path, spark, store, target_dsn, tables=("shop.*",), grouptransops=4)
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("ALTER TABLE shop.orders ADD CONSTRAINT one_note UNIQUE (note) DEFERRABLE INITIALLY DEFERRED")
+        cur.execute("INSERT INTO shop.orders VALUES (1000, 'n29')")
+    connection.close()
+
+    with pytest.raises(ApplyError) as error:
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    # T15 inserts keys 29 and 30; COMMIT refuses it, so the error names its last record.
+    refused = [r for r in records if r["xid"] == "T15"]
+    assert error.value.rba == refused[-1]["rba"] and "one_note" in str(error.value), str(error.value)
+    assert checkpoint_row(target_dsn)["rba"] == refused[0]["rba"]
+    assert _rows(target_dsn)["shop.orders"] == {**{k: f"n{k}" for k in range(1, 29)}, 1000: "n29"}
+
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("DELETE FROM shop.orders WHERE id = 1000")
+    connection.close()
+    result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert result.parallel_groups > 0, result.describe()
+    assert _rows(target_dsn)["shop.orders"] == {k: f"n{k}" for k in range(1, 81)}
+    assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(records[-1]))
+
+
 def test_two_groups_waiting_for_each_other_are_applied_one_at_a_time(tmp_path, spark, store, target_dsn):
     """The trail inserts key 7 in two transactions (a source the target was out of step
     with). A trigger holds the first group before its 7, so the second group's session

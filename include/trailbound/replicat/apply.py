@@ -312,6 +312,11 @@ class FastApplier:
             if inserts is not None and len(inserts):
                 _copy(cur, self._sql[table].copy_target, inserts)
 
+    def copy_rows(self, cur, table: str, rows: memoryview, opening: str = "") -> None:
+        """COPY new rows into the table's target; `opening` (a parallel lane's BEGIN) is
+        sent in the same query."""
+        _copy(cur, opening + self._sql[table].copy_target, rows)
+
     def _move(self, cur, number: str, statements: _Statements, plan: TablePlan, moves: int, deletes: int,
               updates: int) -> None:
         cur.execute(statements.clear_moved)

@@ -153,8 +153,9 @@ def read(cur, name: CheckpointTableName, group: str) -> CheckpointRow | None:
 
 def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition, log_csn: Csn | None,
           log_bsn: int | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
-          current_dir: str) -> None:
-    """Upsert the group's row (and its _lox overflow) inside the caller's transaction."""
+          current_dir: str, commit: bool = False) -> None:
+    """Upsert the group's row (and its _lox overflow) inside the caller's transaction;
+    with `commit`, COMMIT it too (in the same round trip when the row fits)."""
     csn = str(log_csn) if log_csn else None
     xids = json.dumps(cmplt_xids, ensure_ascii=False) if cmplt_xids else None
     head, rest = (xids[:XIDS_WIDTH], xids[XIDS_WIDTH:]) if xids else (None, "")
@@ -167,8 +168,8 @@ def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition
         " log_bsn = EXCLUDED.log_bsn, log_csn = EXCLUDED.log_csn, log_xid = EXCLUDED.log_xid,"
         " log_cmplt_csn = EXCLUDED.log_cmplt_csn, log_cmplt_xids = EXCLUDED.log_cmplt_xids,"
         " version = EXCLUDED.version;"
-        " DELETE FROM {lox} WHERE group_name = %(group)s AND group_key = %(key)s").format(
-        table=name.table, lox=name.lox)
+        " DELETE FROM {lox} WHERE group_name = %(group)s AND group_key = %(key)s{commit}").format(
+        table=name.table, lox=name.lox, commit=sql.SQL("; COMMIT" if commit and not rest else ""))
     params = {"group": group, "key": GROUP_KEY, "seqno": position.seqno, "rba": position.rba, "audit_ts": audit_ts,
               "dir": current_dir, "bsn": str(log_bsn) if log_bsn is not None else None, "csn": csn,
               "xid": log_xid[:129] if log_xid else None, "xids": head, "version": VERSION}
@@ -178,6 +179,8 @@ def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition
         cur.executemany(sql.SQL("INSERT INTO {} (group_name, group_key, log_cmplt_csn, log_cmplt_xids_seq,"
                                 " log_cmplt_xids) VALUES (%s, %s, %s, %s, %s)").format(name.lox),
                         [(group, GROUP_KEY, csn or "", seq, part) for seq, part in enumerate(parts, start=1)])
+        if commit:
+            cur.execute("COMMIT")
 
 
 def set_position(cur, name: CheckpointTableName, group: str, position: TrailPosition, *,

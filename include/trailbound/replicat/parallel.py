@@ -151,9 +151,11 @@ class ParallelApply:
             if lane is None:
                 lane = Lane(next(self._numbers), self.connect(), self.run.plans)
                 self.lanes.append(lane)
+                # The lane opens and ends its transactions itself, each with a statement
+                # it sends anyway (see _apply).
+                lane.connection.autocommit = True
                 with lane.connection.cursor() as cur:
                     cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
-                lane.connection.commit()
             lane.fast.prepare(tables)
             return lane
         except (TrailboundError, psycopg2.Error) as exc:
@@ -171,20 +173,34 @@ class ParallelApply:
         began = time.perf_counter()
         try:
             with lane.connection.cursor() as cur:
-                self.run.apply_units(cur, lane.fast, chunk, group)
+                self._send_rows(lane, cur, chunk, group)
                 sent = time.perf_counter()
                 if (previous is not None and not previous.result().committed) or self._stopping.is_set():
-                    lane.connection.rollback()
+                    _rollback_quietly(lane.connection)
                     return Outcome(False)
                 ready = time.perf_counter()
-                self.run.write_group_checkpoint_row(cur, group)
                 crashpoint("before_target_commit")
-            lane.connection.commit()
+                self.run.write_group_checkpoint_row(cur, group, commit=True)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which decides
             _rollback_quietly(lane.connection)
             return Outcome(False, exc)
         crashpoint("after_target_commit")
         return Outcome(True, None, sent - began, ready - sent, time.perf_counter() - ready)
+
+    @staticmethod
+    def _send_rows(lane: Lane, cur, chunk: Chunk, group: Group) -> None:
+        """The group's new rows, a COPY per unit and table: all an eligible group holds.
+        The first COPY carries the transaction's BEGIN, and the checkpoint row its
+        COMMIT: two round trips fewer per group than the driver's own BEGIN and COMMIT."""
+        opening = "BEGIN; "
+        for unit, _ in group.units:
+            for entry in chunk.net.units.get(unit, ()) if chunk.net else ():
+                rows = chunk.net.view(entry.inserts)
+                if rows is not None and len(rows):
+                    lane.fast.copy_rows(cur, entry.table, rows, opening)
+                    opening = ""
+        if opening:  # nothing to insert (its records cancelled out): the checkpoint row only
+            cur.execute("BEGIN")
 
     def _after_failure(self, chunk: Chunk, group: Group, error: BaseException | None) -> None:
         """The oldest group in flight did not commit: replay it, apply it alone, or stop."""
@@ -212,9 +228,13 @@ def eligible(chunk: Chunk, group: Group) -> bool:
 
 
 def _rollback_quietly(connection) -> None:
+    """End a lane's open transaction, if any (the session is in autocommit: the
+    driver's rollback() would send nothing)."""
     try:
-        if not connection.closed:
-            connection.rollback()
+        idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        if not connection.closed and connection.info.transaction_status != idle:
+            with connection.cursor() as cur:
+                cur.execute("ROLLBACK")
     except psycopg2.Error:
         pass
 

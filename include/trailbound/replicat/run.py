@@ -337,9 +337,12 @@ class _Run:
                     raise NeedsReplay(f"unit {unit} table {entry.table}")
             fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
 
-    def write_group_checkpoint_row(self, cur, group: Group) -> None:
+    def write_group_checkpoint_row(self, cur, group: Group, *, commit: bool = False) -> None:
+        """The group's checkpoint row; with `commit` (a session in autocommit that opened
+        the transaction itself), COMMIT sent with it."""
         self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
-                                   cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts, log_bsn=group.log_bsn)
+                                   cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts, log_bsn=group.log_bsn,
+                                   commit=commit)
 
     def group_committed(self, group: Group, *, statements: float, committing: float,
                         waiting: float | None = None) -> None:
@@ -418,11 +421,11 @@ class _Run:
         crashpoint("between_groups")
 
     def _write_checkpoint_row(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
-                              audit_ts: datetime, log_bsn: int) -> None:
+                              audit_ts: datetime, log_bsn: int, commit: bool = False) -> None:
         """The checkpoint table's row for what this target transaction applied (a group,
         or one replayed transaction), written inside it."""
         ckt.write(cur, self.table_name, self.state.group, position=end, log_csn=log_csn, log_bsn=log_bsn,
-                  audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir)
+                  audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir, commit=commit)
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, now: bool = False) -> None:
         """The file checkpoint (and trail_reader row) after a target commit: written at
