@@ -34,7 +34,7 @@ from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
 from trailbound.replicat.netchange import Shape, copy_lines, format_line, net_changes, net_rows
-from trailbound.replicat.chunks import TrailFile, cut, plan_chunk
+from trailbound.replicat.chunks import TrailFile, cut, group_transactions, plan_chunk
 from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -118,6 +118,33 @@ def test_a_file_is_cut_into_chunks_at_transaction_ends(parts):
     # A chunk's end is the position after its last transaction: the next one starts there.
     assert [c.end for c in planned] == [TrailPosition(7, 8), TrailPosition(7, 16), TrailPosition(8, 5)]
     assert [c.groups[-1].end for c in planned] == [c.end for c in planned]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_transactions_are_grouped_as_grouptransops_says(seed):
+    """Groups follow GROUPTRANSOPS transaction by transaction: skipped ones belong to no
+    group, a group closes once it holds GROUPTRANSOPS operations, a TRUNCATE starts a new
+    one, a load window's high watermark ends its own. Checked on random transactions
+    against that rule written as a loop over every transaction."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    ops = rng.integers(1, 12, n)
+    skip = rng.random(n) < (0.3 if seed % 2 else 0.0)
+    truncates = rng.random(n) < (0.05 if seed % 3 else 0.0)
+    ends = rng.random(n) < (0.05 if seed % 4 else 0.0)
+    grouptransops = int(rng.choice([1, 3, 10, 40]))
+    expected, group, size = [], -1, 0
+    for count, skipped, truncating, ending in zip(ops.tolist(), skip, truncates, ends):
+        if skipped:
+            expected.append(-1)
+            continue
+        if group < 0 or size >= grouptransops or (truncating and size):
+            group, size = group + 1, 0
+        expected.append(group)
+        size = grouptransops if ending else size + count
+    assert group_transactions(ops, skip, truncates, ends, grouptransops).tolist() == expected
 
 
 def test_replicat_options_are_validated_and_named(tmp_path):

@@ -105,14 +105,20 @@ def parse_images(images, columns: tuple[str, ...], types: tuple[str, ...]) -> pa
     schema = pa.schema([(c, _arrow_type(t)) for c, t in zip(columns, types)])
     if isinstance(images, pa.ChunkedArray):
         images = images.combine_chunks()
-    ndjson = joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n"))
+    if images.null_count:
+        text, separated = joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n")), False
+    else:
+        # The images as they lie in the array's buffer, one object after the other: the
+        # reader finds where each ends (no copy of them with newlines between).
+        text, separated = joined(images), True
     try:
-        parsed = pj.read_json(pa.BufferReader(ndjson),
-                              parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        parsed = pj.read_json(pa.BufferReader(text),
+                              parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
+                                                            newlines_in_values=separated),
                               read_options=pj.ReadOptions(block_size=1 << 24))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    return parsed if len(parsed) == len(images) else None  # an image spread over lines
+    return parsed if len(parsed) == len(images) else None  # an image of two objects, or of none
 
 
 def key_pattern(column: str) -> str | None:
@@ -280,14 +286,15 @@ def net_lines(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np
     left = np.zeros(len(data), dtype=bool)
     if not len(data):
         return LINES_SCHEMA.empty_table(), left
-    tables = data.column("table")
+    tables = data.column("table").combine_chunks().dictionary_encode()
+    codes = tables.indices.to_numpy()
     units = data.column("unit").to_numpy()
     out = []
-    for name in pc.unique(tables).to_pylist():
-        mask = pc.equal(tables, name)
-        rows = np.flatnonzero(_bools(mask))
+    for code, name in enumerate(tables.dictionary.to_pylist()):
+        mask = codes == code
+        rows = np.flatnonzero(mask)
         # filter, not take: a take across the chunks of the file's columns costs 4x (measured)
-        lines, left_units = _table_lines(data.filter(mask), plans[name])
+        lines, left_units = _table_lines(data.filter(pa.array(mask)), plans[name])
         if lines is None:
             left[rows] = True
             continue
