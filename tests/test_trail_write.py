@@ -109,15 +109,16 @@ def test_a_file_with_other_records_than_planned_fails_the_run(written):
 
 
 def test_a_file_is_read_a_row_group_at_a_time_and_a_wrong_rba_is_named(tmp_path, monkeypatch):
-    """Files are written in row groups of ROW_GROUP_RECORDS; read_parts gives a committed
-    file one row group at a time (replicat applies the first before the rest is decoded):
-    the same records as read_file, and a record out of place named by its rba, in the part
-    that holds it."""
+    """Files are written in row groups of ROW_GROUP_RECORDS, after a first one of
+    FIRST_ROW_GROUP_RECORDS; read_parts gives a committed file one row group at a time
+    (replicat applies the first before the rest is decoded): the same records as
+    read_file, and a record out of place named by its rba, in the part that holds it."""
+    monkeypatch.setattr(trails, "FIRST_ROW_GROUP_RECORDS", 2)
     monkeypatch.setattr(trails, "ROW_GROUP_RECORDS", 4)
     table = _records([(10, 3), (11, 1), (12, 5), (13, 2)], [0] * 4)
     (info,) = trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=5)
     parts = list(trails.read_parts(info.path, sha256=info.sha256, records=info.records))
-    assert [len(part) for part in parts] == [4, 4, 3]
+    assert [len(part) for part in parts] == [2, 4, 4, 1]
     assert pa.concat_tables(parts).equals(trails.read_file(info.path))
     with pytest.raises(TrailboundError, match="the trail lists 12"):
         next(trails.read_parts(info.path, sha256=info.sha256, records=12))
@@ -129,6 +130,6 @@ def test_a_file_is_read_a_row_group_at_a_time_and_a_wrong_rba_is_named(tmp_path,
     wrong = trails.write_file(tmp_path / "bad" / "lt", 1, whole.set_column(0, "rba", pa.array(rbas, pa.int64())),
                               group="EXT1", log_bsn=5)
     parts = trails.read_parts(wrong.path, sha256=wrong.sha256, records=wrong.records)
-    assert [len(next(parts)), len(next(parts))] == [4, 4]
+    assert [len(next(parts)), len(next(parts))] == [2, 4]  # rbas 0-1 and 2-5; 9 is in the third
     with pytest.raises(TrailboundError, match=r"lt000000001.*rba 9: record 9 carries rba 42"):
         next(parts)

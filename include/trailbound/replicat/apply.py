@@ -243,37 +243,35 @@ class FastApplier:
     the new rows are COPY'd straight into their tables. Moves (M, from key updates)
     take the longer way, table by table."""
 
-    def __init__(self, connection, plans: dict[str, TablePlan | None], *, staging: bool = True):
+    def __init__(self, connection, plans: dict[str, TablePlan | None]):
         self.connection = connection
         self.plans = plans
-        self._creates_staging = staging  # False: a parallel lane's session, which only inserts
         self._staging: dict[str, _Staging] = {}
         self._sql: dict[str, _Statements] = {}
-        self._dirty: set[str] = set()   # staging tables that may hold rows
+        self._created: set[str] = set()  # tables whose staging tables exist in this session
+        self._dirty: set[str] = set()    # staging tables that may hold rows
 
     def prepare(self, tables) -> None:
-        """Create the staging tables these source tables need (committed at once: a
-        rolled-back group must not take them with it)."""
-        missing = [t for t in tables if t not in self._staging and self.plans.get(t) is not None]
-        if not missing:
-            return
-        with self.connection.cursor() as cur:
-            for table in missing:
+        """Compose these source tables' statements, once per session (no round trip: a
+        table's staging tables are created when it first has rows to stage)."""
+        for table in tables:
+            if table not in self._staging and self.plans.get(table) is not None:
                 staging = _Staging(len(self._staging) + 1, self.plans[table])
-                if self._creates_staging:
-                    cur.execute(staging.ddl())
                 self._staging[table] = staging
                 self._sql[table] = _Statements.of(staging, self.connection)
-        self.connection.commit()
 
     def stage(self, staged: dict[str, memoryview]) -> None:
         """Load a chunk's staged rows (COPY text, each line led by its unit), table by
-        table, replacing the previous chunk's; committed."""
+        table, replacing the previous chunk's; committed (so is a staging table created
+        here: a rolled-back group must not take it with it)."""
         with self.connection.cursor() as cur:
             for table in self._dirty:  # units are numbered per chunk: no stale row may match one
                 cur.execute(self._sql[table].clear)
             self._dirty = set(staged)
             for table, payload in staged.items():
+                if table not in self._created:
+                    cur.execute(self._staging[table].ddl())
+                    self._created.add(table)
                 _copy(cur, self._sql[table].copy_stage, payload)
                 cur.execute(self._sql[table].analyze)
         self.connection.commit()

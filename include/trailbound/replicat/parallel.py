@@ -70,7 +70,7 @@ class Lane:
 
     def __init__(self, number: int, connection, plans):
         self.number, self.connection = number, connection
-        self.fast = FastApplier(connection, plans, staging=False)
+        self.fast = FastApplier(connection, plans)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replicat-lane-{number}")
 
     def close(self) -> None:

@@ -29,8 +29,10 @@ from trailbound.positions import CSN_COLUMNS, Csn, TRAIL_ORDER, TrailPosition
 FORMAT_VERSION = 1
 _METADATA_KEY = b"trailbound.trail"
 # Records per Parquet row group. A reader decodes a file a row group at a time
-# (read_parts): replicat applies a file's first records before the rest are decoded.
-# Older files, one row group of up to 1M records, read the same way.
+# (read_parts): replicat applies a file's first records before the rest are decoded,
+# and the first row group is small, so that its first COPY waits for little decoding.
+# Older files (one row group of up to 1M records, or all of 65,536) read the same way.
+FIRST_ROW_GROUP_RECORDS = 4_096
 ROW_GROUP_RECORDS = 65_536
 
 # Transaction indicator, as GoldenGate's TransInd: where a record sits in its transaction.
@@ -109,9 +111,16 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
             "content_sha256": _content_digest(table)}
     path = trail_path(prefix, seqno)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda temporary: pq.write_table(
-        table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()}), temporary,
-        compression="zstd", write_page_checksum=True, row_group_size=ROW_GROUP_RECORDS))
+    table = table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()})
+
+    def write(temporary: Path) -> None:
+        with pq.ParquetWriter(temporary, table.schema, compression="zstd", write_page_checksum=True) as writer:
+            first = min(len(table), FIRST_ROW_GROUP_RECORDS)
+            writer.write_table(table.slice(0, first), row_group_size=first)
+            if len(table) > first:
+                writer.write_table(table.slice(first), row_group_size=ROW_GROUP_RECORDS)
+
+    atomic_write(path, write)
     return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
 
 
