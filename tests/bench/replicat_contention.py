@@ -4,7 +4,11 @@ applies them while the same prepare runs again beside the apply and its output i
 thrown away: in a thread of the run's process (as replicat runs), in a forked child
 process, or not at all (the apply alone). docs/benchmarks/replicat.md, session 15.
 
-    .venv/bin/python tests/bench/replicat_contention.py [--rows N] [--rounds R]
+    .venv/bin/python tests/bench/replicat_contention.py [--rows N] [--rounds R] [--images-parsed-once]
+
+With --images-parsed-once, the prepare beside the apply finds every image's JSON already
+parsed (the first prepare's results, kept): the ceiling for a trail whose images replicat
+would not have to parse (session 16).
 
 Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench's throwaway server);
 uses bench_replicat's databases, work and plain COPY. The experiment replaces
@@ -22,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
 import bench_replicat as bench
 from benchdb import fresh_database
 
@@ -32,11 +38,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--images-parsed-once", action="store_true",
+                        help="keep each parsed image table: the prepare beside the apply parses no JSON")
     args = parser.parse_args()
 
     from trailbound.archive.segments import load_defs
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
+    from trailbound.replicat import netarrow
     from trailbound.replicat import run as replicat_run
     from trailbound.sources.simulator import source_tables
     from trailbound.trail import format as trail
@@ -51,6 +60,8 @@ def main() -> int:
     copy_seconds, _ = bench.plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
                                        transactions, "shop")
 
+    if args.images_parsed_once:
+        netarrow.parse_images = _parsed_once(netarrow.parse_images)
     prepared_chunks = replicat_run._Run.chunks
     timings: dict[str, float] = {}
 
@@ -90,7 +101,8 @@ def main() -> int:
             store.close()
         return timings["apply"], bench.target_digest(target)[:12]
 
-    print(f"{args.rows:,} insert-heavy changes, GROUPTRANSOPS 1000; plain COPY {copy_seconds:.3f} s")
+    print(f"{args.rows:,} insert-heavy changes, GROUPTRANSOPS 1000; plain COPY {copy_seconds:.3f} s"
+          + ("; images parsed once" if args.images_parsed_once else ""))
     print("| round | the prepare beside the apply | apply | share of COPY | target digest |")
     print("|---|---|---|---|---|")
     for number in range(1, args.rounds + 1):
@@ -99,6 +111,23 @@ def main() -> int:
             print(f"| {number} | {mode} | {seconds:.3f} s | {copy_seconds / seconds:.0%} | `{digest}` |", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _parsed_once(parse):
+    """parse_images keeping each result: the same images (the same chunk of the same
+    trail, read again) come back parsed without parsing. Known by their columns, count,
+    size and first and last image, which differ between the chunks of a run."""
+    kept = {}
+
+    def parse_images(images, columns, types):
+        if isinstance(images, pa.ChunkedArray):
+            images = images.combine_chunks()
+        key = (columns, len(images), images.nbytes, images[0].as_py() if len(images) else None,
+               images[-1].as_py() if len(images) else None)
+        if key not in kept:
+            kept[key] = parse(images, columns, types)
+        return kept[key]
+    return parse_images
 
 
 def _no_spark():
