@@ -115,10 +115,10 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
 
     def write(temporary: Path) -> None:
         with pq.ParquetWriter(temporary, table.schema, compression="zstd", write_page_checksum=True) as writer:
-            first = min(len(table), FIRST_ROW_GROUP_RECORDS)
-            writer.write_table(table.slice(0, first), row_group_size=first)
-            if len(table) > first:
-                writer.write_table(table.slice(first), row_group_size=ROW_GROUP_RECORDS)
+            head = min(len(table), FIRST_ROW_GROUP_RECORDS)
+            writer.write_table(table.slice(0, head), row_group_size=head)
+            if len(table) > head:
+                writer.write_table(table.slice(head), row_group_size=ROW_GROUP_RECORDS)
 
     atomic_write(path, write)
     return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
