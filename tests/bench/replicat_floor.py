@@ -9,7 +9,9 @@ Needs TRAILBOUND_TARGET_DSN (make bench's throwaway server). Each measurement ge
 database `trailbound_bench_replicat_floor` with the benchmark's three tables:
 - plain: one COPY per table of all its rows, a commit after each (bench_replicat's plain COPY);
 - grouped: G target transactions, each a COPY per table of its share of the rows, the
-  checkpoint row UPDATE, COMMIT (what replicat sends for insert-only groups);
+  checkpoint row UPDATE, COMMIT (what replicat sends for insert-only groups); for these
+  two, also the CPU their server process used (read from /proc: make bench's server runs
+  on this machine; "-" otherwise);
 - grouped, no checkpoint row: the same without the UPDATE;
 - two connections: the grouped statements (no checkpoint row) split between two
   sessions, alternate groups, run at once (what parallel apply could reach);
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 import threading
@@ -91,16 +94,18 @@ def main() -> int:
     def copy_statement(cur, table: str) -> str:
         return sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(*table.split(".", 1))).as_string(cur)
 
-    def plain() -> float:
+    def plain() -> tuple[float, float | None]:
         connection, _ = fresh()
+        server = backend_cpu(connection)
         started = time.perf_counter()
         with connection.cursor() as cur:
             for table in bench.TABLES:
                 cur.copy_expert(copy_statement(cur, table), io.BytesIO(whole[table]), size=1 << 20)
                 connection.commit()
         seconds = time.perf_counter() - started
+        used = server() if server else None
         connection.close()
-        return seconds
+        return seconds, used
 
     def grouped(connection, groups, checkpoint: bool) -> None:
         with connection.cursor() as cur:
@@ -112,13 +117,15 @@ def main() -> int:
                     cur.execute("UPDATE checkpoint_row SET position = %s WHERE group_name = 'REP1'", (group,))
                 connection.commit()
 
-    def one_connection(checkpoint: bool) -> float:
+    def one_connection(checkpoint: bool) -> tuple[float, float | None]:
         connection, _ = fresh()
+        server = backend_cpu(connection)
         started = time.perf_counter()
         grouped(connection, range(args.groups), checkpoint)
         seconds = time.perf_counter() - started
+        used = server() if server else None
         connection.close()
-        return seconds
+        return seconds, used
 
     def two_connections(checkpoint: bool = False, beside=None) -> float:
         first, dsn = fresh()
@@ -137,23 +144,47 @@ def main() -> int:
         return seconds
 
     print(f"{per_table * len(bench.TABLES):,} rows, {args.groups} groups")
-    print("| round | plain COPY | grouped | share of COPY | grouped, no checkpoint row | two connections "
-          "| reading and parsing the trail alone | two connections beside it | share of COPY |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| round | plain COPY | its server CPU | grouped | its server CPU | share of COPY | grouped, no checkpoint "
+          "row | two connections | reading and parsing the trail alone | two connections beside it | share of COPY |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    shown = lambda cpu: "-" if cpu is None else f"{cpu:.2f} s"  # noqa: E731
     for number in range(1, args.rounds + 1):
-        copy_seconds = plain()
-        with_checkpoint = one_connection(True)
-        without = one_connection(False)
+        copy_seconds, copy_cpu = plain()
+        with_checkpoint, grouped_cpu = one_connection(True)
+        without, _ = one_connection(False)
         parallel = two_connections()
         began = time.perf_counter()
         read_and_parse()
         reading = time.perf_counter() - began
         beside = two_connections(checkpoint=True, beside=read_and_parse)
-        print(f"| {number} | {copy_seconds:.3f} s | {with_checkpoint:.3f} s | {copy_seconds / with_checkpoint:.0%} | "
+        print(f"| {number} | {copy_seconds:.3f} s | {shown(copy_cpu)} | {with_checkpoint:.3f} s | {shown(grouped_cpu)} | "
+              f"{copy_seconds / with_checkpoint:.0%} | "
               f"{without:.3f} s | {parallel:.3f} s | {reading:.3f} s | {beside:.3f} s | {copy_seconds / beside:.0%} |",
               flush=True)
     work.cleanup()
     return 0
+
+
+def backend_cpu(connection):
+    """A function giving the CPU seconds the connection's server process has used since
+    now, or None when that process is not on this machine."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    connection.commit()
+    stat, comm = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/comm")
+
+    def seconds() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    try:
+        if not comm.read_text().startswith("postgres"):
+            return None
+        start = seconds()
+    except OSError:
+        return None
+    return lambda: seconds() - start
 
 
 if __name__ == "__main__":
