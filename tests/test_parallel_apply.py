@@ -158,8 +158,8 @@ def test_a_refused_row_in_a_parallel_group_commits_nothing_after_it(tmp_path, sp
 def test_a_row_refused_at_commit_on_a_parallel_session_commits_nothing_after_it(tmp_path, spark, store, target_dsn):
     """A deferred constraint refuses a parallel group only at its COMMIT, which the
     lane sends with the checkpoint row: the group and every one after it roll back, the
-    error names the refused transaction, the checkpoint row is just before it, and the
-    lanes' sessions are left with no transaction open (the rerun converges)."""
+    error names the refused transaction, the checkpoint row is just before it, and once
+    the conflicting row is gone the rerun converges."""
     _insert_only(tmp_path, 40, salaries=False)
     _, config, records = _prepare(tmp_path, spark, store, target_dsn, tables=("shop.*",), grouptransops=4)
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import psycopg2
 import psycopg2.extensions
 import pyarrow as pa
@@ -126,8 +127,6 @@ def test_transactions_are_grouped_as_grouptransops_says(seed):
     group, a group closes once it holds GROUPTRANSOPS operations, a TRUNCATE starts a new
     one, a load window's high watermark ends its own. Checked on random transactions
     against that rule written as a loop over every transaction."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 400))
     ops = rng.integers(1, 12, n)
