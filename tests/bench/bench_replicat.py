@@ -192,6 +192,34 @@ def plain_copy(target_dsn: str, defs, transactions, schema: str) -> tuple[float,
     return seconds, sum(len(r) for r in per_table.values())
 
 
+def median_copy(target_server: str, defs, transactions) -> tuple[tuple[float, int], list[tuple[float, int]]]:
+    """plain_copy three times, each into a fresh database: the median (seconds, rows),
+    and all three. One COPY's time varies by a tenth from run to run, and a share of
+    COPY is only as steady as its denominator."""
+    copies = sorted(plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs, transactions,
+                               "shop") for _ in range(3))
+    return copies[1], copies
+
+
+def insert_workspace(rows: int, prefix: str, sessions: int = 2):
+    """A temporary home holding the simulated source's table definitions, an insert-heavy
+    trail of `rows` changes (dirdat/lt) and REP1's configuration at GROUPTRANSOPS 1000:
+    (home, defs, transactions, trail files, configuration). The caller removes it."""
+    import tempfile
+
+    from trailbound.archive.segments import load_defs
+    from trailbound.archive.writer import write_defs
+    from trailbound.sources.simulator import source_tables
+    from trailbound.trail import format as trail
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    write_defs(work / "archive", [t.definition() for t in source_tables()])
+    defs = load_defs(work / "archive")
+    transactions, _ = generate("insert", rows)
+    files = write_trail(transactions, work / "dirdat" / "lt", trail)
+    return work, defs, transactions, files, replicat_config(work, work / "archive", 1000, sessions)
+
+
 def configuration_rule(schema: str):
     from trailbound.config import MapRule
 
@@ -351,11 +379,7 @@ def main() -> int:
         transactions, preload = generate(kind, args.rows)
         prefix = work / kind / "dirdat" / "lt"
         files = write_trail(transactions, prefix, trail)
-        # The median of three: one COPY's time varies by a tenth from run to run, and the
-        # share of COPY is only as steady as its denominator.
-        copies = sorted(plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
-                                   transactions, "shop") for _ in range(3))
-        copy_seconds, copied = copies[1]
+        (copy_seconds, copied), _ = median_copy(target_server, defs, transactions)
         workloads[kind] = (transactions, preload, prefix, files, copy_seconds, copied)
     for master in args.masters:
         cluster = StandaloneCluster(work / "cluster") if master == "standalone" else None

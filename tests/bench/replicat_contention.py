@@ -11,7 +11,7 @@ parsed (the first prepare's results, kept): the ceiling for a trail whose images
 would not have to parse (session 16).
 
 Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench's throwaway server);
-uses bench_replicat's databases, work and plain COPY. The experiment replaces
+uses bench_replicat's databases, work and plain COPY (the median of three). The experiment replaces
 `replicat.run._Run.chunks` for the runs of this process (a benchmark, not a test).
 """
 
@@ -21,10 +21,8 @@ import argparse
 import multiprocessing
 import shutil
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -42,23 +40,13 @@ def main() -> int:
                         help="keep each parsed image table: the prepare beside the apply parses no JSON")
     args = parser.parse_args()
 
-    from trailbound.archive.segments import load_defs
-    from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
     from trailbound.replicat import netarrow
     from trailbound.replicat import run as replicat_run
-    from trailbound.sources.simulator import source_tables
-    from trailbound.trail import format as trail
 
-    work = Path(tempfile.mkdtemp(prefix="trailbound-contention-"))
-    write_defs(work / "archive", [t.definition() for t in source_tables()])
-    defs = load_defs(work / "archive")
-    transactions, _ = bench.generate("insert", args.rows)
-    files = bench.write_trail(transactions, work / "dirdat" / "lt", trail)
+    work, defs, transactions, files, config = bench.insert_workspace(args.rows, "trailbound-contention-")
     meta_server, target_server = dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN")
-    config = bench.replicat_config(work, work / "archive", grouptransops=1000, sessions=2)
-    copy_seconds, _ = bench.plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
-                                       transactions, "shop")
+    (copy_seconds, _), _ = bench.median_copy(target_server, defs, transactions)
 
     if args.images_parsed_once:
         netarrow.parse_images = _parsed_once(netarrow.parse_images)

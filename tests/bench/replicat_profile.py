@@ -25,7 +25,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -43,25 +42,15 @@ def main() -> int:
     parser.add_argument("--apply-parallelism", type=int, default=2)
     args = parser.parse_args()
 
-    from trailbound.archive.segments import load_defs
-    from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
     from trailbound.replicat import parallel
     from trailbound.replicat import run as replicat_run
     from trailbound.replicat import target as tgt
-    from trailbound.sources.simulator import source_tables
-    from trailbound.trail import format as trail
 
-    work = Path(tempfile.mkdtemp(prefix="trailbound-profile-"))
-    write_defs(work / "archive", [t.definition() for t in source_tables()])
-    defs = load_defs(work / "archive")
-    transactions, _ = bench.generate("insert", args.rows)
-    files = bench.write_trail(transactions, work / "dirdat" / "lt", trail)
+    work, defs, transactions, files, config = bench.insert_workspace(args.rows, "trailbound-profile-",
+                                                                     sessions=args.apply_parallelism)
     meta_server, target_server = dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN")
-    config = bench.replicat_config(work, work / "archive", grouptransops=1000, sessions=args.apply_parallelism)
-    copies = sorted(bench.plain_copy(fresh_database(target_server, "trailbound_bench_replicat_copy"), defs,
-                                     transactions, "shop") for _ in range(3))
-    copy_seconds = copies[1][0]
+    (copy_seconds, _), copies = bench.median_copy(target_server, defs, transactions)
 
     seen = Counter()
     lock = threading.Lock()
