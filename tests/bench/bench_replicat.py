@@ -192,6 +192,11 @@ def plain_copy(target_dsn: str, defs, transactions, schema: str) -> tuple[float,
     return seconds, sum(len(r) for r in per_table.values())
 
 
+def no_spark():
+    """What a benchmark gives run_replicat for Spark when the work must not need it."""
+    raise AssertionError("insert-heavy work needs no Spark")
+
+
 def median_copy(target_server: str, defs, transactions) -> tuple[tuple[float, int], list[tuple[float, int]]]:
     """plain_copy three times, each into a fresh database: the median (seconds, rows),
     and all three. One COPY's time varies by a tenth from run to run, and a share of

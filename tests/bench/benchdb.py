@@ -1,6 +1,10 @@
-"""A fresh database for a benchmark run, on the server the benchmarks are pointed at."""
+"""A fresh database for a benchmark run, on the server the benchmarks are pointed at, and
+the CPU a session's server process uses."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import psycopg2
 import psycopg2.extensions
@@ -16,3 +20,25 @@ def fresh_database(server_dsn: str, name: str) -> str:
         cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     admin.close()
     return psycopg2.extensions.make_dsn(server_dsn, dbname=name)
+
+
+def backend_cpu(connection):
+    """A function giving the CPU seconds the connection's server process has used since
+    now, or None when that process is not on this machine."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    connection.commit()
+    stat, comm = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/comm")
+
+    def seconds() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    try:
+        if not comm.read_text().startswith("postgres"):
+            return None
+        start = seconds()
+    except OSError:
+        return None
+    return lambda: seconds() - start

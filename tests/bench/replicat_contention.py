@@ -83,7 +83,7 @@ def main() -> int:
         bench.register_trail(store, work / "dirdat" / "lt", files)
         replicat_run._Run.chunks = chunks_beside(mode)
         try:
-            replicat_run.run_replicat(_no_spark, store, config, "REP1", target_dsn=target)
+            replicat_run.run_replicat(bench.no_spark, store, config, "REP1", target_dsn=target)
         finally:
             replicat_run._Run.chunks = prepared_chunks
             store.close()
@@ -116,10 +116,6 @@ def _parsed_once(parse):
             kept[key] = parse(images, columns, types)
         return kept[key]
     return parse_images
-
-
-def _no_spark():
-    raise AssertionError("insert-heavy work needs no Spark")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 import tempfile
 import threading
@@ -39,7 +38,7 @@ import pyarrow.parquet as pq
 from psycopg2 import sql
 
 import bench_replicat as bench
-from benchdb import fresh_database
+from benchdb import backend_cpu, fresh_database
 
 
 def main() -> int:
@@ -163,28 +162,6 @@ def main() -> int:
               flush=True)
     work.cleanup()
     return 0
-
-
-def backend_cpu(connection):
-    """A function giving the CPU seconds the connection's server process has used since
-    now, or None when that process is not on this machine."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_backend_pid()")
-        pid = cur.fetchone()[0]
-    connection.commit()
-    stat, comm = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/comm")
-
-    def seconds() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-    try:
-        if not comm.read_text().startswith("postgres"):
-            return None
-        start = seconds()
-    except OSError:
-        return None
-    return lambda: seconds() - start
 
 
 if __name__ == "__main__":

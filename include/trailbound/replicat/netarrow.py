@@ -106,15 +106,15 @@ def parse_images(images, columns: tuple[str, ...], types: tuple[str, ...]) -> pa
     if isinstance(images, pa.ChunkedArray):
         images = images.combine_chunks()
     if images.null_count:
-        text, separated = joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n")), False
+        text, concatenated = joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n")), False
     else:
         # The images as they lie in the array's buffer, one object after the other: the
         # reader finds where each ends (no copy of them with newlines between).
-        text, separated = joined(images), True
+        text, concatenated = joined(images), True
     try:
         parsed = pj.read_json(pa.BufferReader(text),
                               parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
-                                                            newlines_in_values=separated),
+                                                            newlines_in_values=concatenated),
                               read_options=pj.ReadOptions(block_size=1 << 24))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
