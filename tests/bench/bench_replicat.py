@@ -135,11 +135,20 @@ def generate(kind: str, rows: int, seed: int = 7) -> tuple[list[list[tuple]], di
     return transactions, preload
 
 
-def write_trail(transactions, prefix: Path, trail_module) -> list:
+def write_trail(transactions, prefix: Path, trail_module, defs=None) -> list:
+    """The transactions as trail files; with `defs`, the inserts carry their COPY lines
+    (as capture writes them) where the engine under test has them (trail format 2)."""
     encode = lambda image: None if image is None else json.dumps(image, ensure_ascii=False,  # noqa: E731
                                                                   separators=(",", ":"))
-    writer = trail_module.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=1)
-    columns = {name: [] for name in trail_module.COLUMNS}
+    options = {}
+    if defs is not None and hasattr(trail_module, "with_copy_lines"):
+        from trailbound.copytext import layouts_of
+
+        options["layouts"] = layouts_of(defs)
+    writer = trail_module.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=1, **options)
+    names = [name for name in trail_module.COLUMNS if name != "copy_line"]
+    schema = pa.schema([trail_module.SCHEMA.field(name) for name in names])
+    columns = {name: [] for name in names}
     for number, txn in enumerate(transactions, start=1):
         for index, (op, table, before, after) in enumerate(txn):
             ind = 3 if len(txn) == 1 else 0 if index == 0 else 2 if index == len(txn) - 1 else 1
@@ -151,10 +160,10 @@ def write_trail(transactions, prefix: Path, trail_module) -> list:
             for name, value in values.items():
                 columns[name].append(value)
         if len(columns["rba"]) >= 200_000:
-            writer.add(pa.RecordBatch.from_pydict(columns, schema=trail_module.SCHEMA))
-            columns = {name: [] for name in trail_module.COLUMNS}
+            writer.add(pa.RecordBatch.from_pydict(columns, schema=schema))
+            columns = {name: [] for name in names}
     if columns["rba"]:
-        writer.add(pa.RecordBatch.from_pydict(columns, schema=trail_module.SCHEMA))
+        writer.add(pa.RecordBatch.from_pydict(columns, schema=schema))
     return writer.close()
 
 
@@ -221,7 +230,7 @@ def insert_workspace(rows: int, prefix: str, sessions: int = 2):
     write_defs(work / "archive", [t.definition() for t in source_tables()])
     defs = load_defs(work / "archive")
     transactions, _ = generate("insert", rows)
-    files = write_trail(transactions, work / "dirdat" / "lt", trail)
+    files = write_trail(transactions, work / "dirdat" / "lt", trail, defs)
     return work, defs, transactions, files, replicat_config(work, work / "archive", 1000, sessions)
 
 
@@ -356,6 +365,9 @@ def main() -> int:
     parser.add_argument("--masters", nargs="+", default=["local[*]"],
                         help="Spark masters to run under: local[N], local[*], or 'standalone' (a master and one "
                              "worker on 127.0.0.1, started here)")
+    parser.add_argument("--no-copy-lines", action="store_true",
+                        help="a trail whose inserts carry no COPY lines (as format 1, or a table capture had no "
+                             "definition for): replicat parses every image")
     parser.add_argument("--no-write", action="store_true", help=f"print only; leave {RESULTS.name} alone")
     args = parser.parse_args()
 
@@ -383,7 +395,7 @@ def main() -> int:
     for kind in args.work:
         transactions, preload = generate(kind, args.rows)
         prefix = work / kind / "dirdat" / "lt"
-        files = write_trail(transactions, prefix, trail)
+        files = write_trail(transactions, prefix, trail, None if args.no_copy_lines else defs)
         (copy_seconds, copied), _ = median_copy(target_server, defs, transactions)
         workloads[kind] = (transactions, preload, prefix, files, copy_seconds, copied)
     for master in args.masters:

@@ -52,7 +52,7 @@ def main() -> int:
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import dsn_from_env
     from trailbound.replicat import target as tgt
-    from trailbound.replicat.netarrow import parse_images
+    from trailbound.copytext import parse_images
     from trailbound.sources.simulator import source_tables
     from trailbound.trail import format as trail
 

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from trailbound import copytext
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog
+from trailbound.archive.segments import load_defs
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery, trailwrite
@@ -215,7 +217,7 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
     crashpoint("before_trail_write")
     files = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
                                    expected, prefix, state.write.position.seqno + 1, group=state.group,
-                                   log_bsn=log_bsn.value)
+                                   log_bsn=log_bsn.value, layouts=_copy_line_layouts(config, extract))
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 
@@ -361,6 +363,16 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, log: LogRead, ho
     return {"scn": horizon_scn, "log_time": read_time, "interval_seconds": int(interval.total_seconds()),
             "table_spec": table_spec(extract.table), "oldest_nonpersisted": oldest, "persisted": len(persisted),
             "persisted_bytes": sum(p.file.stat().st_size for p in persisted)}
+
+
+def _copy_line_layouts(config: Config, extract) -> dict:
+    """The layout (defs.json's columns and their JSON kinds) in which the trail's inserts
+    carry their COPY lines. An archive without readable definitions gets no lines: capture
+    does not need them, and replicat, which does, says what is wrong with them."""
+    try:
+        return copytext.layouts_of(load_defs(config.archive_dir(config.source_name(extract.source))))
+    except ArchiveError:
+        return {}
 
 
 def _remove_uncommitted_files(store: MetadataStore, prefix: Path, committed_seqno: int) -> None:

@@ -28,97 +28,32 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from trailbound.replicat.netchange import COPY_ESCAPES, COPY_NULL, STEP
+from trailbound.copytext import copy_lines, copy_values, fields as _fields, layout, parse_images
+from trailbound.replicat.netchange import STEP
 from trailbound.replicat.target import TablePlan
+from trailbound.trail import format as trails
 
-_INTEGER = {"smallint", "integer", "bigint"}
-_FLOAT = {"real", "double precision"}
 LINES_SCHEMA = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
                           ("line", pa.string())])
 RECORDS_SCHEMA = pa.schema([("unit", pa.int64()), ("seq", pa.int64()), ("table", pa.string()), ("op", pa.string()),
                             ("before", pa.string()), ("after", pa.string())])
 _REGEX_SPECIAL = set(r".^$*+?()[]{}|\-/")
-_ESCAPABLE = tuple(raw.encode() for raw, _ in COPY_ESCAPES)
 
 
-def _arrow_type(type_name: str) -> pa.DataType:
-    """The JSON kind an image holds for a column of this target type (the redo archive
-    contract: booleans, integers, floats for float columns, else text input forms)."""
-    if type_name in _INTEGER:
-        return pa.int64()
-    if type_name in _FLOAT:
-        return pa.float64()
-    if type_name == "boolean":
-        return pa.bool_()
-    return pa.string()
-
-
-def copy_values(column) -> pa.Array:
-    """Values as COPY text (PostgreSQL input forms, escaped); a NULL stays NULL for the
-    line's join to write as \\N."""
-    text = column.cast(pa.string())
-    # Numbers and booleans never need escaping; most text does not either.
-    if pa.types.is_string(column.type) and _holds_escapable(text):
-        for raw, escaped in COPY_ESCAPES:
-            text = pc.replace_substring(text, raw, escaped)
-    return text
-
-
-def _holds_escapable(text) -> bool:
-    """Whether any value may hold a character COPY text escapes: a byte search of the
-    data buffers (memchr; a regular expression over every value costs 10x, measured).
-    Bytes outside an array's slice can only make it say yes needlessly."""
-    for chunk in text.chunks if isinstance(text, pa.ChunkedArray) else (text,):
-        data = chunk.buffers()[2]
-        if data is not None and data.size:
-            blob = data.to_pybytes()
-            if any(byte in blob for byte in _ESCAPABLE):
-                return True
-    return False
-
-
-def _fields(values: list, separator: str = "\t") -> pa.Array:
-    """copy_values joined row by row, a NULL written as \\N."""
-    return pc.binary_join_element_wise(*values, separator, null_handling="replace", null_replacement=COPY_NULL)
-
-
-def copy_lines(values: list) -> pa.Array:
-    """COPY lines from each column's copy_values: tab-separated, NULL as \\N, each ending
-    in a newline (the newline joined to the last column, so the lines are built in one
-    pass over the row's text)."""
-    *first, last = values
-    return _fields([*first, _fields([last, ""], "\n")])
-
-
-def joined(lines: pa.Array) -> pa.Buffer:
-    """The values of a string array concatenated: a slice of its data buffer, no copy."""
-    if not len(lines):
-        return pa.py_buffer(b"")
-    width = np.int64 if pa.types.is_large_string(lines.type) else np.int32
-    offsets = np.frombuffer(lines.buffers()[1], dtype=width)[lines.offset:lines.offset + len(lines) + 1]
-    return lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-
-
-def parse_images(images, columns: tuple[str, ...], types: tuple[str, ...]) -> pa.Table | None:
-    """JSON images (NULL: an empty object) as a table of the target's JSON kinds, one row
-    per image; None if any image does not fit (another shape than the catalog implies)."""
-    schema = pa.schema([(c, _arrow_type(t)) for c, t in zip(columns, types)])
-    if isinstance(images, pa.ChunkedArray):
-        images = images.combine_chunks()
-    if images.null_count:
-        text, concatenated = joined(pc.binary_join_element_wise(images.fill_null("{}"), "", "\n")), False
-    else:
-        # The images as they lie in the array's buffer, one object after the other: the
-        # reader finds where each ends (no copy of them with newlines between).
-        text, concatenated = joined(images), True
-    try:
-        parsed = pj.read_json(pa.BufferReader(text),
-                              parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
-                                                            newlines_in_values=concatenated),
-                              read_options=pj.ReadOptions(block_size=1 << 24))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    return parsed if len(parsed) == len(images) else None  # an image of two objects, or of none
+def trusted_lines(part: pa.Table, plans: dict[str, TablePlan | None]) -> pa.Table:
+    """Trail records (a part of one file) with the copy lines of the tables whose layout
+    in the file is the plan's (the same columns in the same order, of the same JSON
+    kinds: then the line is what this module would format from the image); every other
+    line NULL, so those records take the image's way. No layouts in the result's schema,
+    so parts of different files concatenate."""
+    layouts = trails.copy_line_layouts(part)
+    trusted = [name for name, lines_layout in layouts.items()
+               if plans.get(name) is not None and lines_layout == layout(plans[name].columns, plans[name].types)]
+    lines = part.column("copy_line")
+    if len(trusted) < len(layouts) or (not layouts and lines.null_count < len(part)):
+        lines = pc.if_else(pc.is_in(part.column("table"), pa.array(trusted, pa.string())), lines,
+                           pa.nulls(len(part), pa.string()))
+    return part.set_column(part.schema.get_field_index("copy_line"), "copy_line", lines)
 
 
 def key_pattern(column: str) -> str | None:
@@ -166,6 +101,10 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
     units = records.column("unit").to_numpy()
     op = records.column("op")
     inserted = _bools(pc.equal(op, "INSERT"))
+    if inserted.all() and "copy_line" in records.schema.names and not records.column("copy_line").null_count:
+        lines = _lines_net_change(units, records.column("copy_line"), plan, key)
+        if lines is not None:
+            return lines, np.zeros(0, dtype=units.dtype)
     deleted = _bools(pc.equal(op, "DELETE"))
     updated = ~inserted & ~deleted
     after_text = records.column("after").combine_chunks()
@@ -266,11 +205,36 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
 def _own_net_change(units: np.ndarray, after: pa.Table, plan: TablePlan, key: tuple[str, ...]) -> pa.Table | None:
     """INSERTs only, each key once per unit: the records are their own net change, in
     order (units ascend along the trail), one I line each. None when a key repeats."""
-    keyed = after.select(list(key)).append_column("__unit", pa.array(units))
-    counts = keyed.group_by(["__unit", *key], use_threads=False).aggregate([("__unit", "count")])
-    if len(counts) != len(units):
+    if not _keys_unique(units, after.select(list(key))):
         return None
-    lines = copy_lines([copy_values(after.column(c)) for c in plan.columns])
+    return _insert_lines(units, copy_lines([copy_values(after.column(c)) for c in plan.columns]), plan)
+
+
+def _lines_net_change(units: np.ndarray, lines, plan: TablePlan, key: tuple[str, ...]) -> pa.Table | None:
+    """_own_net_change for inserts whose COPY lines the trail carries (capture wrote them
+    in the plan's layout: run.py keeps no other). The key's values are the line's fields
+    at the key's columns, as COPY text: equal text, equal value. None when a key repeats."""
+    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    if plan.keyless:
+        keys = pa.table({"line": lines})
+    else:
+        at = [plan.columns.index(k) for k in key]
+        split = pc.split_pattern(lines, "\t", max_splits=max(at) + 1)
+        keys = pa.table({f"k{j}": pc.list_element(split, i) for j, i in enumerate(at)})
+    if not _keys_unique(units, keys):
+        return None
+    return _insert_lines(units, lines, plan)
+
+
+def _keys_unique(units: np.ndarray, keys: pa.Table) -> bool:
+    """Whether no key (a row of `keys`) repeats in a unit."""
+    keyed = keys.append_column("__unit", pa.array(units))
+    counts = keyed.group_by(["__unit", *keys.schema.names], use_threads=False).aggregate([("__unit", "count")])
+    return len(counts) == len(units)
+
+
+def _insert_lines(units: np.ndarray, lines, plan: TablePlan) -> pa.Table:
+    """One I line per record, in the records' order."""
     n = len(units)
     return pa.table({"unit": units, "table": pa.repeat(pa.scalar(plan.source), n), "kind": pa.repeat(pa.scalar("I"), n),
                      "step": np.full(n, STEP["I"], dtype=np.int8),

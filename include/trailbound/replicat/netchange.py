@@ -44,15 +44,14 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from trailbound.copytext import COPY_ESCAPES, COPY_NULL
+
 
 # Touch roles: what a record does to one key.
 NEW, MOVED_IN, MODIFY, DELETED, MOVED_OUT = "new", "moved_in", "modify", "deleted", "moved_out"
 ENDS = (DELETED, MOVED_OUT)               # a lifetime ends at these
 CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)   # these fold the record's image into the row
 
-# COPY text format: backslash, newline, carriage return and tab are escaped; \N is NULL.
-COPY_ESCAPES = (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
-COPY_NULL = "\\N"
 
 
 @dataclass(frozen=True)

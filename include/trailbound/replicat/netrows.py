@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trailbound import copytext
 from trailbound.replicat import netarrow, netpython
 from trailbound.replicat import target as tgt
 from trailbound.replicat.chunks import Chunk
@@ -60,7 +61,7 @@ class NetRows:
             for name in pc.unique(staged.column("table")).to_pylist():
                 rows = staged.filter(pc.equal(staged.column("table"), name))
                 led = pc.binary_join_element_wise(rows.column("unit").cast(pa.string()), rows.column("line"), "\t")
-                pieces.setdefault(name, []).append(netarrow.joined(led.combine_chunks()))
+                pieces.setdefault(name, []).append(copytext.joined(led.combine_chunks()))
         self.staged = {name: memoryview(b"".join(buffers) if len(buffers) > 1 else buffers[0])
                        for name, buffers in pieces.items()}
 
@@ -139,14 +140,14 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
     data = pa.table({"unit": pa.array(chunk.unit_of_record[chosen].astype(np.int64)),
                      "seq": pa.array(chosen.astype(np.int64)), "table": selected.column("table"),
                      "op": selected.column("op"), "before": selected.column("before"),
-                     "after": selected.column("after")})
+                     "after": selected.column("after"), "copy_line": selected.column("copy_line")})
     arrow_lines, rest = netarrow.net_lines(data, {name: plans[name] for name in mapped_names})
     parts = [arrow_lines]
     if timer:
         timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
     if rest.any():
         began = time.perf_counter()
-        data = data.filter(pa.array(rest))
+        data = data.filter(pa.array(rest)).drop_columns(["copy_line"])
         shapes = {name: Shape.of(plans[name].columns, plans[name].key)
                   for name in sorted(pc.unique(data.column("table")).to_pylist())}
         if len(data) <= netpython.LIMIT:

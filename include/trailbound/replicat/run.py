@@ -56,6 +56,7 @@ from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
+from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
                                        ReplayStats, record_key)
@@ -255,7 +256,7 @@ class _Run:
             self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
             if part is None:
                 return
-            yield part
+            yield netarrow.trusted_lines(part, self.plans)
 
     def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
         """The next chunk of `pieces` planned and netted; None after the last."""

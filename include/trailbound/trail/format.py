@@ -22,12 +22,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trailbound import copytext
 from trailbound.durable import atomic_write, file_sha256
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.positions import CSN_COLUMNS, Csn, TRAIL_ORDER, TrailPosition
 
-FORMAT_VERSION = 1
+# Version 2 added `copy_line`, each INSERT's row as a COPY text line. Version 1 files read
+# as if that column were all NULL.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _METADATA_KEY = b"trailbound.trail"
+# The copy_line field's metadata: the layout of each table whose inserts carry a line.
+_LAYOUTS_KEY = b"trailbound.copy_line_layouts"
 # Records per Parquet row group. A reader decodes a file a row group at a time
 # (read_parts): replicat applies a file's first records before the rest are decoded,
 # and the first row group is small, so that its first COPY waits for little decoding.
@@ -56,8 +62,13 @@ SCHEMA = pa.schema([
     ("src_rba", pa.int64()),
     ("src_scn", pa.int64()),
     ("log_bsn", pa.int64()),        # recovery SCN of the capture run that wrote it
+    # An INSERT's row as a COPY text line (trailbound.copytext), in the source's column
+    # order: replicat applies it without parsing the image. NULL for every other record,
+    # and for the inserts of a table with no layout in the file's footer.
+    ("copy_line", pa.string()),
 ])
 COLUMNS = SCHEMA.names
+_SCHEMAS = {2: SCHEMA, 1: pa.schema([field for field in SCHEMA if field.name != "copy_line"])}
 
 
 def trail_path(prefix: Path, seqno: int) -> Path:
@@ -80,13 +91,17 @@ class TrailFileInfo:
         return TrailPosition(self.seqno, self.records)
 
 
-def _content_digest(table: pa.Table) -> str:
-    """SHA-256 of the records themselves, so a file can be checked without any outside
-    record of it. Computed from values only (validity, integers, string bytes), never
-    from Arrow buffers, whose layout depends on who built them."""
-    table = table.replace_schema_metadata(None).cast(SCHEMA).combine_chunks()
+def _content_digest(table: pa.Table, version: int = FORMAT_VERSION, layouts: dict | None = None) -> str:
+    """SHA-256 of the records themselves (and, from version 2, the copy lines' layouts),
+    so a file can be checked without any outside record of it. Computed from values only
+    (validity, integers, string bytes), never from Arrow buffers, whose layout depends on
+    who built them."""
+    schema = _SCHEMAS[version]
+    table = table.select(schema.names).cast(schema).combine_chunks()
     digest = hashlib.sha256(len(table).to_bytes(8, "little"))
-    for field in SCHEMA:
+    if version >= 2:
+        digest.update(_layouts_text(layouts or {}))
+    for field in schema:
         column = table.column(field.name)
         array = column.chunk(0) if column.num_chunks else pa.array([], field.type)
         digest.update(np.packbits(pc.is_valid(array).to_numpy(zero_copy_only=False)).tobytes())
@@ -101,16 +116,59 @@ def _content_digest(table: pa.Table) -> str:
     return digest.hexdigest()
 
 
+def _layouts_text(layouts: dict) -> bytes:
+    return json.dumps({name: [list(column) for column in layout] for name, layout in sorted(layouts.items())},
+                      ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def copy_line_layouts(table: pa.Table) -> dict[str, copytext.Layout]:
+    """The layouts of the copy lines of `table` (read from a trail file, or given lines by
+    `with_copy_lines`): table name -> ((column, JSON kind), ...)."""
+    if "copy_line" not in table.schema.names:
+        return {}
+    metadata = table.schema.field("copy_line").metadata or {}
+    if _LAYOUTS_KEY not in metadata:
+        return {}
+    return {name: tuple((column, kind) for column, kind in layout)
+            for name, layout in json.loads(metadata[_LAYOUTS_KEY]).items()}
+
+
+def with_copy_lines(table: pa.Table, layouts: dict[str, copytext.Layout]) -> pa.Table:
+    """`table` (trail records) with the COPY line of each INSERT of a table in `layouts`
+    (see trailbound.copytext), the layouts used kept in the column's metadata."""
+    lines, used = copytext.insert_lines(table, layouts)
+    return _set_copy_lines(table, lines, used)
+
+
+def _set_copy_lines(table: pa.Table, lines, layouts: dict) -> pa.Table:
+    field = pa.field("copy_line", pa.string(), metadata={_LAYOUTS_KEY: _layouts_text(layouts)} if layouts else None)
+    if "copy_line" in table.schema.names:
+        return table.set_column(table.schema.get_field_index("copy_line"), field, lines)
+    return table.append_column(field, lines)
+
+
+def without_layouts(table: pa.Table) -> pa.Table:
+    """`table` with no layouts in its copy_line field: tables of different files concatenate."""
+    return table.cast(SCHEMA) if "copy_line" in table.schema.names and table.schema.field("copy_line").metadata \
+        else table
+
+
 def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: int) -> TrailFileInfo:
-    """Write one complete trail file (atomically: temporary name, fsync, rename, fsync the directory)."""
-    table = table.cast(SCHEMA).replace_schema_metadata(None)
+    """Write one complete trail file (atomically: temporary name, fsync, rename, fsync the
+    directory). Its copy lines are `table`'s, with their layouts (a table read from a
+    trail file, or given lines by `with_copy_lines`); a table without them gets none."""
+    layouts = copy_line_layouts(table)
+    if "copy_line" not in table.schema.names:
+        table = table.append_column("copy_line", pa.nulls(len(table), pa.string()))
+    table = table.select(COLUMNS).cast(SCHEMA).replace_schema_metadata(None)
     first = Csn.from_row(table.slice(0, 1).to_pylist()[0])
     last = Csn.from_row(table.slice(len(table) - 1).to_pylist()[0])
     meta = {"format_version": FORMAT_VERSION, "group": group, "trail": prefix.name, "seqno": seqno,
             "records": len(table), "first_csn": str(first), "last_csn": str(last), "log_bsn": log_bsn,
-            "content_sha256": _content_digest(table)}
+            "content_sha256": _content_digest(table, FORMAT_VERSION, layouts)}
     path = trail_path(prefix, seqno)
     path.parent.mkdir(parents=True, exist_ok=True)
+    table = _set_copy_lines(table, table.column("copy_line"), layouts)
     table = table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()})
 
     def write(temporary: Path) -> None:
@@ -183,11 +241,12 @@ def transaction_indicators(csn_keys: list[np.ndarray]) -> np.ndarray:
 
 
 def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.RecordBatch], *, group: str,
-                        log_bsn: int, between_files=None) -> Iterator[TrailFileInfo]:
+                        log_bsn: int, between_files=None, layouts: dict | None = None) -> Iterator[TrailFileInfo]:
     """Write the files of a stream of record batches sorted by (`file_no`, commit order):
-    the records of file number k become trail file `first_seqno + k`, with their rbas and
-    transaction indicators. `between_files` runs after each file but the last (a crash
-    point). Yields each file's TrailFileInfo as it is written."""
+    the records of file number k become trail file `first_seqno + k`, with their rbas,
+    transaction indicators and the copy lines of the tables in `layouts`. `between_files`
+    runs after each file but the last (a crash point). Yields each file's TrailFileInfo
+    as it is written."""
     pending: list[pa.RecordBatch] = []
     current = None
 
@@ -198,7 +257,8 @@ def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.Rec
         table = table.drop_columns(["file_no"])
         table = table.append_column("trans_ind", pa.array(transaction_indicators(keys[:len(CSN_COLUMNS)]), pa.int8()))
         table = table.append_column("rba", pa.array(np.arange(len(table), dtype=np.int64)))
-        return write_file(prefix, first_seqno + current, table.select(COLUMNS), group=group, log_bsn=log_bsn)
+        table = with_copy_lines(table.select([name for name in COLUMNS if name != "copy_line"]), layouts or {})
+        return write_file(prefix, first_seqno + current, table, group=group, log_bsn=log_bsn)
 
     for batch in batches:
         numbers = batch.column("file_no").to_numpy()
@@ -219,11 +279,13 @@ def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.Rec
 class TrailWriter:
     """Writes a commit-ordered stream of record batches into trail files from
     `start_seqno` on, rolling over between transactions once a file reaches `max_bytes`
-    (measured as Arrow bytes; the file on disk is smaller, compressed)."""
+    (measured as Arrow bytes; the file on disk is smaller, compressed), with the copy
+    lines of the tables in `layouts`."""
 
-    def __init__(self, prefix: Path, start_seqno: int, *, max_bytes: int, group: str, log_bsn: int):
+    def __init__(self, prefix: Path, start_seqno: int, *, max_bytes: int, group: str, log_bsn: int,
+                 layouts: dict | None = None):
         self.prefix, self.seqno, self.max_bytes = prefix, start_seqno, max_bytes
-        self.group, self.log_bsn = group, log_bsn
+        self.group, self.log_bsn, self.layouts = group, log_bsn, layouts or {}
         self.files: list[TrailFileInfo] = []
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
@@ -265,6 +327,8 @@ class TrailWriter:
         if len(table) == 0:
             return
         table = table.set_column(table.schema.get_field_index("rba"), "rba", pa.array(range(len(table)), pa.int64()))
+        if self.layouts:
+            table = with_copy_lines(table, self.layouts)
         self.files.append(write_file(self.prefix, self.seqno, table, group=self.group, log_bsn=self.log_bsn))
         self.seqno += 1
 
@@ -320,8 +384,9 @@ def _open(path: Path | str, *, fs, sha256: str | None) -> tuple[pq.ParquetFile, 
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"not a readable trail file: {_one_line(exc)}", rba=0) from None
     meta = _trail_metadata(path, parquet.schema_arrow.metadata)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise TrailError(path, f"trail format version {meta.get('format_version')} is not {FORMAT_VERSION}", rba=0)
+    if meta.get("format_version") not in READABLE_VERSIONS:
+        raise TrailError(path, f"trail format version {meta.get('format_version')} is not one of "
+                               f"{', '.join(map(str, READABLE_VERSIONS))}", rba=0)
     name = str(path).rsplit("/", 1)[-1]
     seqno = name[-9:]
     # A pump's unfiltered copy keeps the source trail's footer, so only a file under its
@@ -364,10 +429,18 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
         _check_count(path, len(table), meta)
         # A committed file (its SHA-256 as recorded) needs no content digest: 0.08 s per
         # 300,000 records a replicat or pump run does not spend.
-        if sha256 is None and _content_digest(table) != meta["content_sha256"]:
+        if sha256 is None and _content_digest(table, meta["format_version"], copy_line_layouts(table)) \
+                != meta["content_sha256"]:
             raise TrailError(path, "content checksum does not match its metadata", rba=0)
         _check_rbas(path, table, 0)
-    return table
+    return _current(table)
+
+
+def _current(table: pa.Table) -> pa.Table:
+    """Records of an older version's file in this version's columns."""
+    if "copy_line" in table.schema.names:
+        return table
+    return table.append_column("copy_line", pa.nulls(len(table), pa.string()))
 
 
 def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Iterator[pa.Table]:
@@ -391,7 +464,7 @@ def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Itera
             raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
         _check_rbas(path, part, first)
         first += len(part)
-        yield part
+        yield _current(part)
 
 
 def iter_records(path: Path, from_rba: int = 0, count: int | None = None) -> Iterator[dict]:
