@@ -101,10 +101,6 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
     units = records.column("unit").to_numpy()
     op = records.column("op")
     inserted = _bools(pc.equal(op, "INSERT"))
-    if inserted.all() and "copy_line" in records.schema.names and not records.column("copy_line").null_count:
-        lines = _lines_net_change(units, records.column("copy_line"), plan, key)
-        if lines is not None:
-            return lines, np.zeros(0, dtype=units.dtype)
     deleted = _bools(pc.equal(op, "DELETE"))
     updated = ~inserted & ~deleted
     after_text = records.column("after").combine_chunks()
@@ -205,31 +201,49 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
 def _own_net_change(units: np.ndarray, after: pa.Table, plan: TablePlan, key: tuple[str, ...]) -> pa.Table | None:
     """INSERTs only, each key once per unit: the records are their own net change, in
     order (units ascend along the trail), one I line each. None when a key repeats."""
-    if not _keys_unique(units, after.select(list(key))):
+    if not _keys_unique(units, [after.column(k) for k in key]):
         return None
     return _insert_lines(units, copy_lines([copy_values(after.column(c)) for c in plan.columns]), plan)
 
 
-def _lines_net_change(units: np.ndarray, lines, plan: TablePlan, key: tuple[str, ...]) -> pa.Table | None:
+def _lines_net_change(units: np.ndarray, lines, plan: TablePlan) -> pa.Table | None:
     """_own_net_change for inserts whose COPY lines the trail carries (capture wrote them
-    in the plan's layout: run.py keeps no other). The key's values are the line's fields
-    at the key's columns, as COPY text: equal text, equal value. None when a key repeats."""
+    in the plan's layout: trusted_lines keeps no other). The key's values are the line's
+    fields at the key's columns, as COPY text: equal text, equal value. None when a key
+    repeats."""
     lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
     if plan.keyless:
-        keys = pa.table({"line": lines})
+        keys = [lines]
+    elif tuple(plan.key) == plan.columns[:1] and len(plan.columns) > 1:
+        keys = [_first_fields(lines)]
     else:
-        at = [plan.columns.index(k) for k in key]
+        at = [plan.columns.index(k) for k in plan.key]
         split = pc.split_pattern(lines, "\t", max_splits=max(at) + 1)
-        keys = pa.table({f"k{j}": pc.list_element(split, i) for j, i in enumerate(at)})
+        keys = [pc.list_element(split, i) for i in at]
     if not _keys_unique(units, keys):
         return None
     return _insert_lines(units, lines, plan)
 
 
-def _keys_unique(units: np.ndarray, keys: pa.Table) -> bool:
-    """Whether no key (a row of `keys`) repeats in a unit."""
-    keyed = keys.append_column("__unit", pa.array(units))
-    counts = keyed.group_by(["__unit", *keys.schema.names], use_threads=False).aggregate([("__unit", "count")])
+def _first_fields(lines: pa.Array) -> pa.Array:
+    """Each line's first field (up to its first tab, which every line of two or more
+    columns has): its bytes gathered with numpy, a tenth of a split's cost."""
+    ends = pc.find_substring(lines, "\t").to_numpy()
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset:lines.offset + len(lines) + 1]
+    new_offsets = np.zeros(len(lines) + 1, dtype=np.int32)
+    np.cumsum(ends, out=new_offsets[1:])
+    picked = np.arange(new_offsets[-1]) + np.repeat(offsets[:-1] - new_offsets[:-1], ends)
+    data = np.frombuffer(lines.buffers()[2], dtype=np.uint8)[picked]
+    return pa.Array.from_buffers(pa.string(), len(lines), [None, pa.py_buffer(new_offsets), pa.py_buffer(data)])
+
+
+def _keys_unique(units: np.ndarray, keys: list) -> bool:
+    """Whether no key (the values of `keys` at one position) repeats in a unit. A single
+    column of keys that repeat nowhere (new rows, the usual case) needs no grouping."""
+    if len(keys) == 1 and len(pc.unique(keys[0])) == len(units):
+        return True
+    keyed = pa.table({**{f"k{j}": part for j, part in enumerate(keys)}, "__unit": units})
+    counts = keyed.group_by(["__unit", *keyed.schema.names[:-1]], use_threads=False).aggregate([("__unit", "count")])
     return len(counts) == len(units)
 
 
@@ -253,11 +267,19 @@ def net_lines(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np
     tables = data.column("table").combine_chunks().dictionary_encode()
     codes = tables.indices.to_numpy()
     units = data.column("unit").to_numpy()
+    # Inserts whose COPY line the trail carries (trusted_lines kept only the plans' layouts).
+    lined = _bools(pc.and_(pc.is_valid(data.column("copy_line")), pc.equal(data.column("op"), "INSERT"))) \
+        if "copy_line" in data.schema.names else np.zeros(len(data), dtype=bool)
     out = []
     for code, name in enumerate(tables.dictionary.to_pylist()):
         mask = codes == code
         rows = np.flatnonzero(mask)
         # filter, not take: a take across the chunks of the file's columns costs 4x (measured)
+        lines = _lines_net_change(units[rows], data.column("copy_line").filter(pa.array(mask)), plans[name]) \
+            if lined[rows].all() else None
+        if lines is not None:
+            out.append(lines)
+            continue
         lines, left_units = _table_lines(data.filter(pa.array(mask)), plans[name])
         if lines is None:
             left[rows] = True

@@ -78,7 +78,8 @@ class NetRows:
         names = table.column("table").combine_chunks().dictionary_encode()
         codes = names.indices.to_numpy()
         dictionary = names.dictionary.to_pylist()
-        kinds = table.column("kind").to_numpy(zero_copy_only=False)
+        # The kinds are counted for staged lines only: an insert-only part converts none.
+        kinds = table.column("kind").to_numpy(zero_copy_only=False) if (steps == STEP["D"]).any() else None
         cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
                                     (steps[1:] != steps[:-1]), True])
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
