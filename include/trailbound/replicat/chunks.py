@@ -201,22 +201,28 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
     if len(applied_txns):
         txn_groups = group_of_txn[applied_txns]
         cuts = np.flatnonzero(np.r_[True, txn_groups[1:] != txn_groups[:-1], True])
-        scns, sizes = csn_columns[0], stops - starts
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            txn_array = applied_txns[a:b]
-            txns = txn_array.tolist()
-            last_txn = txns[-1]
-            last = int(stops[last_txn] - 1)
-            csn_at = lambda t: Csn(*(int(col[t]) for col in csn_columns))  # noqa: E731
-            last_csn = csn_at(last_txn)
+        firsts, lasts = applied_txns[cuts[:-1]], applied_txns[cuts[1:] - 1]
+        last_records = stops[lasts] - 1
+        # Each group's values at once, as Python values (an Arrow scalar per group costs
+        # microseconds each, and a chunk has hundreds of groups).
+        last_xids = xids.take(pa.array(starts[lasts])).to_pylist()
+        last_ts = commit_ts.take(pa.array(starts[lasts])).to_pylist()
+        last_csns = [Csn(*values) for values in zip(*(column[lasts].tolist() for column in csn_columns))]
+        ends = zip(seqnos[last_records].tolist(), (rbas[last_records] + 1).tolist())
+        first_units, last_units = unit_of_record[starts[firsts]].tolist(), unit_of_record[last_records].tolist()
+        # The transactions that commit at the group's last SCN: its log_cmplt_xids.
+        scns = csn_columns[0]
+        at_last_scn = applied_txns[scns[applied_txns] == np.repeat(scns[lasts], np.diff(cuts))]
+        cmplt = xids.take(pa.array(starts[at_last_scn])).to_pylist()
+        cmplt_cuts = np.append(np.searchsorted(at_last_scn, firsts), len(at_last_scn)).tolist()
+        operations = np.add.reduceat((stops - starts)[applied_txns], cuts[:-1]).tolist()
+        bsn_values = bsns[last_records].tolist()
+        for g, (end_seqno, end_rba) in enumerate(ends):
             # Units never cross groups, and their numbers increase along the trail.
-            first_unit, last_unit = int(unit_of_record[starts[txns[0]]]), int(unit_of_record[last])
-            units = [(unit, truncated_table.get(unit)) for unit in range(first_unit, last_unit + 1)]
+            units = [(unit, truncated_table.get(unit)) for unit in range(first_units[g], last_units[g] + 1)]
             groups.append(Group(
-                txns=txns, units=units, end=TrailPosition(int(seqnos[last]), int(rbas[last]) + 1), log_csn=last_csn,
-                log_xid=xids[int(starts[last_txn])].as_py(),
-                cmplt_xids=[xids[int(starts[t])].as_py() for t in txn_array[scns[txn_array] == last_csn.scn]],
-                audit_ts=commit_ts[int(starts[last_txn])].as_py(), log_bsn=int(bsns[last]),
-                operations=int(sizes[txn_array].sum())))
+                txns=applied_txns[cuts[g]:cuts[g + 1]].tolist(), units=units, end=TrailPosition(end_seqno, end_rba),
+                log_csn=last_csns[g], log_xid=last_xids[g], cmplt_xids=cmplt[cmplt_cuts[g]:cmplt_cuts[g + 1]],
+                audit_ts=last_ts[g], log_bsn=bsn_values[g], operations=operations[g]))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
     return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn)
