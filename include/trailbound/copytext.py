@@ -23,8 +23,9 @@ import pyarrow.json as pj
 COPY_ESCAPES = (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 COPY_NULL = "\\N"
 
-_INTEGER = {"smallint", "integer", "bigint"}
-_FLOAT = {"real", "double precision"}
+# PostgreSQL's names for the types (format_type's) and the aliases it accepts for them.
+_INTEGER = {"smallint", "integer", "bigint", "int2", "int4", "int8", "int"}
+_FLOAT = {"real", "double precision", "float4", "float8"}
 _ESCAPABLE = tuple(raw.encode() for raw, _ in COPY_ESCAPES)
 KINDS = {"integer": pa.int64(), "float": pa.float64(), "boolean": pa.bool_(), "text": pa.string()}
 
@@ -39,7 +40,7 @@ def kind_of(type_name: str) -> str:
         return "integer"
     if type_name in _FLOAT:
         return "float"
-    if type_name == "boolean":
+    if type_name in ("boolean", "bool"):
         return "boolean"
     return "text"
 

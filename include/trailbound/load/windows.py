@@ -123,13 +123,14 @@ class _Window:
     hi: dict | None
 
 
-def _slice(chunk, txns: list[int]) -> pa.Table:
-    starts, n = chunk.txn_starts, len(chunk.records)
+def _slice(chunk, records: pa.Table, txns: list[int]) -> pa.Table:
+    """The records of `txns`, taken from `records` (the chunk's, light or whole)."""
+    starts, n = chunk.txn_starts, len(records)
     stop = lambda t: int(starts[t + 1]) if t + 1 < len(starts) else n  # noqa: E731
     if txns == list(range(txns[0], txns[-1] + 1)):
         first = int(starts[txns[0]])
-        return chunk.records.slice(first, stop(txns[-1]) - first)
-    return pa.concat_tables([chunk.records.slice(int(starts[t]), stop(t) - int(starts[t])) for t in txns])
+        return records.slice(first, stop(txns[-1]) - first)
+    return pa.concat_tables([records.slice(int(starts[t]), stop(t) - int(starts[t])) for t in txns])
 
 
 class Windows:
@@ -149,7 +150,7 @@ class Windows:
         """No load window can be touched by the chunk: none is open in the target, and the
         chunk writes no watermark (then its groups may be applied in parallel: nothing
         can open a window before the chunk's end)."""
-        if pc.any(pc.fill_null(pc.equal(chunk.records.column("table"), WATERMARK.name), False)).as_py():
+        if pc.any(pc.fill_null(pc.equal(chunk.light.column("table"), WATERMARK.name), False)).as_py():
             return False
         if not self._exists(cur):
             return True
@@ -161,8 +162,9 @@ class Windows:
         before the checkpoint row."""
         if not txns:
             return
-        records = _slice(chunk, txns)
-        tables = records.column("table")
+        # The table names first, from the records without their images (decoded only if
+        # a window is open or a watermark passes).
+        tables = _slice(chunk, chunk.light, txns).column("table")
         has_watermark = pc.any(pc.equal(tables, WATERMARK.name)).as_py()
         if not self._exists(cur):
             if not has_watermark:
@@ -173,6 +175,7 @@ class Windows:
         open_windows = {w: _Window(w, t, lo, hi) for w, t, lo, hi in cur.fetchall()}
         if not open_windows and not has_watermark:
             return
+        records = _slice(chunk, chunk.records, txns)
         # the tables of windows open already, and of windows a low watermark here opens
         marks = records.filter(pc.fill_null(pc.equal(tables, WATERMARK.name), False)).column("after").to_pylist()
         opening = {json.loads(after).get("source_table") for after in marks if after}

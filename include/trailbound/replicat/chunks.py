@@ -54,7 +54,7 @@ class Group:
 @dataclass
 class Chunk:
     files: list[TrailFile]
-    records: pa.Table                    # the chunk's records, with their seqno
+    light: pa.Table                      # the chunk's records, with their seqno; perhaps without after images
     txn_starts: np.ndarray               # first record of each transaction
     groups: list[Group]
     skipped: int                         # transactions at or below log_csn
@@ -62,6 +62,20 @@ class Chunk:
     unit_of_record: np.ndarray           # each record's unit (meaningful for applied records)
     group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
     net: "NetRows | None" = None
+    images: "Callable[[], pa.Array] | None" = None   # the after images of `light`, when it lacks them
+    _records: pa.Table | None = None
+
+    @property
+    def records(self) -> pa.Table:
+        """The chunk's records with their after images (decoded on first use when the
+        trail was read without them: a chunk of inserts that carry COPY lines, applied
+        as they are, never needs them)."""
+        if "after" in self.light.schema.names:
+            return self.light
+        if self._records is None:
+            at = self.light.schema.get_field_index("before") + 1
+            self._records = self.light.add_column(at, "after", self.images())
+        return self._records
 
     def transaction(self, txn: int) -> list[dict]:
         start = int(self.txn_starts[txn])
@@ -70,6 +84,62 @@ class Chunk:
 
     def path_of(self, seqno: int) -> str:
         return next(f.path for f in self.files if f.seqno == seqno)
+
+
+class DeferredImages:
+    """The after images of the trail parts a run reads without them (trail.format.read_parts'
+    `images`), each decoded at most once, when a chunk first needs it. Chunks are planned
+    in trail order: a part entirely before a chunk being planned is forgotten (the chunks
+    that use it keep what they need)."""
+
+    def __init__(self):
+        self._parts: list[tuple[int, int, int, "_PartImages"]] = []   # (seqno, first rba, records, images)
+
+    def add(self, seqno: int, part: pa.Table, decode: Callable[[], pa.ChunkedArray], now: bool = False) -> None:
+        """A part's decoder; `now`: decode at once (the part's images will be needed)."""
+        images = _PartImages(decode)
+        if now:
+            images.get()
+        if len(part):
+            self._parts.append((seqno, int(part.column("rba")[0].as_py()), len(part), images))
+
+    def of(self, light: pa.Table) -> Callable[[], pa.Array]:
+        """A function giving the after images of `light` (consecutive records of the parts
+        added, each with its seqno and rba)."""
+        n = len(light)
+        if not n:
+            return lambda: pa.array([], pa.string())
+        seqnos, rbas = light.column("seqno").to_numpy(), light.column("rba").to_numpy()
+        first = (int(seqnos[0]), int(rbas[0]))
+        self._parts = [p for p in self._parts if (p[0], p[1] + p[2]) > first]
+        pieces, at = [], 0
+        for seqno, start, count, images in self._parts:
+            if at == n:
+                break
+            if seqno != int(seqnos[at]) or not start <= int(rbas[at]) < start + count:
+                continue
+            offset = int(rbas[at]) - start
+            length = min(count - offset, n - at)
+            pieces.append((images, offset, length))
+            at += length
+        if at != n:
+            raise TrailError(f"seqno {int(seqnos[at])}", "internal error: no after images for a chunk's records",
+                             rba=int(rbas[at]))
+
+        def decode() -> pa.Array:
+            return pa.chunked_array([c for images, offset, length in pieces
+                                     for c in images.get().slice(offset, length).chunks], pa.string())
+        return decode
+
+
+class _PartImages:
+    def __init__(self, decode: Callable[[], pa.ChunkedArray]):
+        self._decode, self._images = decode, None
+
+    def get(self) -> pa.ChunkedArray:
+        if self._images is None:
+            self._images = self._decode()
+        return self._images
 
 
 def _transaction_starts(table: pa.Table) -> np.ndarray:
@@ -145,10 +215,12 @@ def group_transactions(ops: np.ndarray, skip: np.ndarray, truncates: np.ndarray,
     return group_of_txn
 
 
-def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | None, grouptransops: int) -> Chunk:
+def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | None, grouptransops: int,
+               images: DeferredImages | None = None) -> Chunk:
     """Everything about a chunk that needs no Spark: transactions, what is skipped,
     groups, units and each group's checkpoint values. `tables` are the records of
-    `files`, whole or in slices (see `cut`, which also starts the first at the start rba)."""
+    `files`, whole or in slices (see `cut`, which also starts the first at the start rba),
+    with their after images or, with `images`, without them."""
     parts = [table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64)))
              for file, table in zip(files, tables)]
     records = pa.concat_tables(parts) if parts else pa.table({})  # chunked: no copy of the images
@@ -174,8 +246,12 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
     # A load window's high watermark ends its group: the chunk's rows go in right after it.
     # (Searching every image for a high mark costs a tenth of a second per 300,000 records:
     # only when the chunk holds watermark records at all.)
-    marks = high_watermarks(records) if n and pc.any(pc.equal(records.column("table"), WATERMARK.name)).as_py() \
-        else np.zeros(n, dtype=bool)
+    if n and pc.any(pc.equal(records.column("table"), WATERMARK.name)).as_py():
+        if "after" not in records.schema.names:  # the marks are in the images
+            records = records.add_column(records.schema.get_field_index("before") + 1, "after", images.of(records)())
+        marks = high_watermarks(records)
+    else:
+        marks = np.zeros(n, dtype=bool)
     ends_group = np.add.reduceat(marks.astype(np.int64), starts) > 0 if n else np.zeros(0, dtype=bool)
     group_of_txn = group_transactions(stops - starts, skip, has_truncate, ends_group, grouptransops)
 
@@ -225,4 +301,5 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
                 log_csn=last_csns[g], log_xid=last_xids[g], cmplt_xids=cmplt[cmplt_cuts[g]:cmplt_cuts[g + 1]],
                 audit_ts=last_ts[g], log_bsn=bsn_values[g], operations=operations[g]))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
-    return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn)
+    return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn,
+                 images=images.of(records) if images is not None and "after" not in records.schema.names else None)

@@ -50,10 +50,23 @@ def trusted_lines(part: pa.Table, plans: dict[str, TablePlan | None]) -> pa.Tabl
     trusted = [name for name, lines_layout in layouts.items()
                if plans.get(name) is not None and lines_layout == layout(plans[name].columns, plans[name].types)]
     lines = part.column("copy_line")
-    if len(trusted) < len(layouts) or (not layouts and lines.null_count < len(part)):
+    if lines.null_count < len(part):  # every line of another table goes, with a layout or none
         lines = pc.if_else(pc.is_in(part.column("table"), pa.array(trusted, pa.string())), lines,
                            pa.nulls(len(part), pa.string()))
     return part.set_column(part.schema.get_field_index("copy_line"), "copy_line", lines)
+
+
+class ImagesNeeded(Exception):
+    """net_lines met records it can net only from their images, and was given none."""
+
+
+def needs_images(part: pa.Table, plans: dict[str, TablePlan | None]) -> bool:
+    """Whether replicat will need the after images of these records (as trusted_lines
+    left them): unless every one is an INSERT carrying its COPY line into a keyed table
+    (a keyless table's inserts are compared whole, image by image: netrows)."""
+    if part.column("copy_line").null_count or not pc.all(pc.equal(part.column("op"), "INSERT")).as_py():
+        return True
+    return any(plans.get(name) is None or plans[name].keyless for name in pc.unique(part.column("table")).to_pylist())
 
 
 def key_pattern(column: str) -> str | None:
@@ -280,6 +293,8 @@ def net_lines(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np
         if lines is not None:
             out.append(lines)
             continue
+        if "after" not in data.schema.names:
+            raise ImagesNeeded(name)
         lines, left_units = _table_lines(data.filter(pa.array(mask)), plans[name])
         if lines is None:
             left[rows] = True

@@ -124,7 +124,7 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
     where no key changes, the rest in Python (netpython.py) or, past netpython.LIMIT
     records, by Spark (netchange.py; `start_spark` gives the session, and is called only
     then). `timer`, when given, adds each phase's seconds (`timer.add(phase, seconds)`)."""
-    records = chunk.records
+    records = chunk.light  # the after images only where needed (see below)
     n = len(records)
     if not chunk.groups:
         return None
@@ -137,12 +137,22 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
     chosen = np.flatnonzero(dml)
     if not len(chosen):
         return NetRows([])
-    selected = records if len(chosen) == n else records.take(pa.array(chosen))
-    data = pa.table({"unit": pa.array(chunk.unit_of_record[chosen].astype(np.int64)),
-                     "seq": pa.array(chosen.astype(np.int64)), "table": selected.column("table"),
-                     "op": selected.column("op"), "before": selected.column("before"),
-                     "after": selected.column("after"), "copy_line": selected.column("copy_line")})
-    arrow_lines, rest = netarrow.net_lines(data, {name: plans[name] for name in mapped_names})
+    mapped = {name: plans[name] for name in mapped_names}
+
+    def chosen_records(columns: pa.Table) -> pa.Table:
+        selected = columns if len(chosen) == n else columns.take(pa.array(chosen))
+        return pa.table({"unit": pa.array(chunk.unit_of_record[chosen].astype(np.int64)),
+                         "seq": pa.array(chosen.astype(np.int64)),
+                         **{name: selected.column(name) for name in ("table", "op", "before", "after", "copy_line")
+                            if name in selected.schema.names}})
+    try:
+        # Without the images when the trail was read without them: lined inserts need none.
+        arrow_lines, rest = netarrow.net_lines(chosen_records(records), mapped)
+    except netarrow.ImagesNeeded:
+        data = chosen_records(chunk.records)
+        arrow_lines, rest = netarrow.net_lines(data, mapped)
+    else:
+        data = None if not rest.any() else chosen_records(chunk.records)
     parts = [arrow_lines]
     if timer:
         timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
@@ -161,7 +171,7 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
                 timer.add("prepare: net change (Spark)", time.perf_counter() - began)
     began = time.perf_counter()
     rows = NetRows(parts)
-    for unit, table in _keyless_to_replay(records, chosen, chunk, plans):
+    for unit, table in _keyless_to_replay(chosen, chunk, plans):
         entries = rows.units.setdefault(unit, [])
         entry = next((e for e in entries if e.table == table), None)
         if entry is None:
@@ -190,8 +200,7 @@ def _net_with_spark(spark, data: pa.Table, shapes: dict[str, Shape], workdir: Pa
     return lines
 
 
-def _keyless_to_replay(records: pa.Table, chosen: np.ndarray, chunk: Chunk,
-                       plans: dict[str, tgt.TablePlan | None]) -> set[tuple[int, str]]:
+def _keyless_to_replay(chosen: np.ndarray, chunk: Chunk, plans: dict[str, tgt.TablePlan | None]) -> set[tuple[int, str]]:
     """The (unit, table) pairs of keyless tables that the set-based fast path would get
     wrong, so they are replayed one statement each (which touches exactly one of
     identical rows, as PostgreSQL's own apply does for REPLICA IDENTITY FULL): a net
@@ -202,12 +211,12 @@ def _keyless_to_replay(records: pa.Table, chosen: np.ndarray, chunk: Chunk,
     keyless = [name for name, plan in plans.items() if plan is not None and plan.keyless]
     if not keyless or not len(chosen):
         return set()
-    tables = records.column("table").take(pa.array(chosen))
+    tables = chunk.light.column("table").take(pa.array(chosen))
     picked = chosen[np.asarray(pc.is_in(tables, pa.array(keyless, pa.string())).to_numpy(zero_copy_only=False),
                                dtype=bool)]
     if not len(picked):
         return set()
-    rows = records.select(["table", "op", "after"]).take(pa.array(picked)).append_column(
+    rows = chunk.records.select(["table", "op", "after"]).take(pa.array(picked)).append_column(
         "unit", pa.array(chunk.unit_of_record[picked].astype(np.int64)))
     inserts = pc.equal(rows.column("op"), "INSERT")
     # A DELETE or UPDATE, or an INSERT of a row inserted before in the same unit.

@@ -60,7 +60,7 @@ from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
                                        ReplayStats, record_key)
-from trailbound.replicat.chunks import Chunk, Group, TrailFile, cut, plan_chunk
+from trailbound.replicat.chunks import Chunk, DeferredImages, Group, TrailFile, cut, plan_chunk
 from trailbound.replicat.parallel import ParallelApply, lane_connection
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
@@ -146,15 +146,17 @@ def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple
     return [TrailFile(row["seqno"], row["path"], row["records"], row["sha256"]) for row in rows], rba
 
 
-def _read(file: TrailFile, fs) -> Iterator[pa.Table]:
-    """The file's records, a row group at a time (trail.format.read_parts)."""
+def _read(file: TrailFile, fs, images=None) -> Iterator[pa.Table]:
+    """The file's records, a row group at a time (trail.format.read_parts, which hands
+    `images` each part's after images)."""
     if not fs.exists(file.path):
         raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}",
                          rba=0)
     remote = fs is not trailfs.LOCAL
     # The whole file's SHA-256 as committed, local or not: a file rewritten so that it is
     # consistent with its own footer is still not the file capture committed.
-    return trails.read_parts(file.path, fs=fs if remote else None, sha256=file.sha256, records=file.records)
+    return trails.read_parts(file.path, fs=fs if remote else None, sha256=file.sha256, records=file.records,
+                             images=images)
 
 
 # ---------------------------------------------------------------- the run
@@ -217,6 +219,7 @@ class _Run:
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
+        self.images = DeferredImages()  # the trail's after images, decoded when a chunk needs them
         # Insert-only groups on several sessions at once (parallel.py); lanes open when first used.
         self.parallel = (ParallelApply(self, replicat.apply_parallelism, lane_connection(config, target_dsn))
                          if replicat.apply_parallelism > 1 else None)
@@ -249,14 +252,21 @@ class _Run:
                     raise
 
     def _read(self, file: TrailFile) -> Iterator[pa.Table]:
-        parts = _read(file, self.fs)
+        """The file's records, their after images decoded only when a chunk needs them."""
+        trusted = {}
+
+        def keep(part: pa.Table, decode) -> None:
+            trusted[id(part)] = netarrow.trusted_lines(part, self.plans)
+            self.images.add(file.seqno, part, decode, now=netarrow.needs_images(trusted[id(part)], self.plans))
+
+        parts = _read(file, self.fs, keep)
         while True:
             began = time.perf_counter()
             part = next(parts, None)
             self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
             if part is None:
                 return
-            yield netarrow.trusted_lines(part, self.plans)
+            yield trusted.pop(id(part))
 
     def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
         """The next chunk of `pieces` planned and netted; None after the last."""
@@ -265,7 +275,7 @@ class _Run:
             return None
         files, tables = piece
         began = time.perf_counter()
-        chunk = plan_chunk(files, tables, log_csn, self.grouptransops)
+        chunk = plan_chunk(files, tables, log_csn, self.grouptransops, self.images)
         planned = time.perf_counter()
         from trailbound.replicat.netrows import compute_net  # pyspark: not for a run with nothing new
 

@@ -15,7 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -443,28 +443,47 @@ def _current(table: pa.Table) -> pa.Table:
     return table.append_column("copy_line", pa.nulls(len(table), pa.string()))
 
 
-def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Iterator[pa.Table]:
+def read_parts(path: Path | str, *, sha256: str, records: int, fs=None,
+               images: Callable[[pa.Table, Callable[[], pa.ChunkedArray]], None] | None = None) -> Iterator[pa.Table]:
     """The records of a committed trail file, one Parquet row group at a time, so that
     the first records are used before the rest are decoded. Checked before the first
     part: the file's SHA-256 (`sha256`, as recorded), its footer, and its count against
     both the footer and `records` (as recorded); each part's rbas as it comes. So a wrong
     rba in a later part stops the reader after the earlier parts were used: only a
     writer can have put it there (the bytes are the committed ones), and what was used
-    before it is correct."""
+    before it is correct.
+
+    With `images`, the parts come without their after images, and each part is first
+    handed to `images` with a function that decodes them (from the bytes already read
+    and checked): a reader that often needs none of them (replicat, for inserts that
+    carry COPY lines) decodes them only when it does."""
     parquet, meta = _open(path, fs=fs, sha256=sha256)
     _check_count(path, parquet.metadata.num_rows, meta)
     if records != meta["records"]:
         raise TrailError(path, f"holds {meta['records']} records; the trail lists {records}",
                          rba=min(records, meta["records"]))
+    columns = None if images is None else [name for name in parquet.schema_arrow.names if name != "after"]
     first = 0
     for number in range(parquet.num_row_groups):
         try:
-            part = parquet.read_row_group(number).replace_schema_metadata(None)
+            part = parquet.read_row_group(number, columns=columns).replace_schema_metadata(None)
         except (OSError, pa.ArrowInvalid) as exc:
             raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
         _check_rbas(path, part, first)
+        part = _current(part)
+        if images is not None:
+            images(part, _image_decoder(parquet, number, path, first))
         first += len(part)
-        yield _current(part)
+        yield part
+
+
+def _image_decoder(parquet: pq.ParquetFile, number: int, path, first: int) -> Callable[[], pa.ChunkedArray]:
+    def decode() -> pa.ChunkedArray:
+        try:
+            return parquet.read_row_group(number, columns=["after"]).column("after")
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
+    return decode
 
 
 def iter_records(path: Path, from_rba: int = 0, count: int | None = None) -> Iterator[dict]:
