@@ -212,6 +212,26 @@ def test_replicat_applies_a_line_only_in_its_plans_layout(tmp_path, store, targe
                                                                     (3, note, "memo-3", 7)]
 
 
+def test_the_images_of_lined_inserts_are_decoded_when_a_refused_group_is_replayed(tmp_path, store, target_dsn):
+    """Replicat reads a part of lined inserts without its after images (it applies the
+    lines): a group the target refuses (it holds one of the keys already) is replayed
+    record by record from the images, decoded then, and the error names the record and
+    the key its image carries."""
+    config, prefix = _home(tmp_path, [ITEMS])
+    transactions = [("T1", [("INSERT", "shop.items", None, _item(1, "a")),
+                            ("INSERT", "shop.items", None, _item(2, "b"))]),
+                    ("T2", [("INSERT", "shop.items", None, _item(3, "c"))])]
+    _commit_files(store, prefix, [trail.with_copy_lines(_records(transactions), {"shop.items": ITEMS_LAYOUT})])
+    _create_target(config, target_dsn)
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("INSERT INTO shop.items (note, id, memo, n) VALUES ('there already', 2, 'x', 1)")
+    with pytest.raises(Exception) as refused:
+        run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
+    message = str(refused.value)
+    assert f"{prefix}000000001 rba 1" in message and '"id": 2' in message and "INSERT on shop.items" in message
+    assert _rows(target_dsn, "shop.items", "id, note") == [(2, "there already")]
+
+
 def _apply_trail(tmp_path: Path, metadata_dsn: str, target_dsn: str, table: pa.Table, tables) -> tuple:
     """`table` as a one-file trail applied by replicat in one group: the target's rows and
     the number of groups replayed (a failed COPY is replayed from the images), or the
