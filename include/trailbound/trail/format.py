@@ -147,12 +147,6 @@ def _set_copy_lines(table: pa.Table, lines, layouts: dict) -> pa.Table:
     return table.append_column(field, lines)
 
 
-def without_layouts(table: pa.Table) -> pa.Table:
-    """`table` with no layouts in its copy_line field: tables of different files concatenate."""
-    return table.cast(SCHEMA) if "copy_line" in table.schema.names and table.schema.field("copy_line").metadata \
-        else table
-
-
 def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: int) -> TrailFileInfo:
     """Write one complete trail file (atomically: temporary name, fsync, rename, fsync the
     directory). Its copy lines are `table`'s, with their layouts (a table read from a
