@@ -281,3 +281,24 @@ def test_a_target_that_takes_no_second_session_is_applied_on_one(tmp_path, spark
             cur.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             cur.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
         connection.close()
+
+
+def test_a_file_replaced_after_its_commit_commits_nothing_from_the_sessions(tmp_path, store, target_dsn):
+    """A committed file replaced by another that is valid on its own (its footer agrees),
+    of groups the two sessions would take: nothing of it is committed, and the run stops
+    saying the file is not the one committed (its SHA-256 as recorded at commit)."""
+    from test_copy_lines import ITEMS, _commit_files, _create_target, _home, _item, _records, _rows
+
+    from trailbound.errors import TrailError
+
+    config, prefix = _home(tmp_path, [ITEMS], grouptransops=1, apply_parallelism=2)
+
+    def transactions(note):
+        return [(f"T{k}", [("INSERT", "shop.items", None, _item(k, note))]) for k in range(1, 41)]
+    _commit_files(store, prefix, [_records(transactions("as committed"))])
+    replaced = trail.write_file(prefix, 1, _records(transactions("replaced")), group="EXT1", log_bsn=50)
+    _create_target(config, target_dsn)
+    with pytest.raises(TrailError) as refused:
+        run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
+    assert refused.value.path == str(replaced.path) and "does not match the recorded" in str(refused.value)
+    assert _rows(target_dsn, "shop.items", "id, note") == []
