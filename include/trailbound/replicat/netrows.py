@@ -158,7 +158,9 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
         timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
     if rest.any():
         began = time.perf_counter()
-        data = data.filter(pa.array(rest)).drop_columns(["copy_line"])
+        data = data.filter(pa.array(rest))
+        if "copy_line" in data.schema.names:  # the transforms below take the images
+            data = data.drop_columns(["copy_line"])
         shapes = {name: Shape.of(plans[name].columns, plans[name].key)
                   for name in sorted(pc.unique(data.column("table")).to_pylist())}
         if len(data) <= netpython.LIMIT:
@@ -200,7 +202,8 @@ def _net_with_spark(spark, data: pa.Table, shapes: dict[str, Shape], workdir: Pa
     return lines
 
 
-def _keyless_to_replay(chosen: np.ndarray, chunk: Chunk, plans: dict[str, tgt.TablePlan | None]) -> set[tuple[int, str]]:
+def _keyless_to_replay(chosen: np.ndarray, chunk: Chunk,
+                       plans: dict[str, tgt.TablePlan | None]) -> set[tuple[int, str]]:
     """The (unit, table) pairs of keyless tables that the set-based fast path would get
     wrong, so they are replayed one statement each (which touches exactly one of
     identical rows, as PostgreSQL's own apply does for REPLICA IDENTITY FULL): a net
