@@ -87,8 +87,9 @@ class Chunk:
 
 
 class DeferredImages:
-    """The after images of the trail parts a run reads without them (trail.format.read_parts'
-    `images`), each decoded at most once, when a chunk first needs it. Chunks are planned
+    """The after images of the trail parts a run reads without them
+    (trail.format.read_parts_deferring_images), each decoded at most once, when a chunk
+    first needs it. Chunks are planned
     in trail order: a part entirely before a chunk being planned is forgotten (the chunks
     that use it keep what they need)."""
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 
 from trailbound.copytext import copy_lines, copy_values, fields as _fields, layout, parse_images
 from trailbound.replicat.netchange import STEP

@@ -145,14 +145,15 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
                          "seq": pa.array(chosen.astype(np.int64)),
                          **{name: selected.column(name) for name in ("table", "op", "before", "after", "copy_line")
                             if name in selected.schema.names}})
+    # Without the images when the trail was read without them: lined inserts need none.
+    # (Records left for the transforms below were netted from their images, so `data`
+    # has them whenever `rest` names any.)
+    data = chosen_records(records)
     try:
-        # Without the images when the trail was read without them: lined inserts need none.
-        arrow_lines, rest = netarrow.net_lines(chosen_records(records), mapped)
+        arrow_lines, rest = netarrow.net_lines(data, mapped)
     except netarrow.ImagesNeeded:
         data = chosen_records(chunk.records)
         arrow_lines, rest = netarrow.net_lines(data, mapped)
-    else:
-        data = None if not rest.any() else chosen_records(chunk.records)
     parts = [arrow_lines]
     if timer:
         timer.add("prepare: net change (Arrow)", time.perf_counter() - began)

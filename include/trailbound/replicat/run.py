@@ -35,7 +35,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -146,17 +146,17 @@ def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple
     return [TrailFile(row["seqno"], row["path"], row["records"], row["sha256"]) for row in rows], rba
 
 
-def _read(file: TrailFile, fs, images=None) -> Iterator[pa.Table]:
-    """The file's records, a row group at a time (trail.format.read_parts, which hands
-    `images` each part's after images)."""
+def _read(file: TrailFile, fs) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
+    """The file's records, a row group at a time, each part with the function that decodes
+    its after images (trail.format.read_parts_deferring_images)."""
     if not fs.exists(file.path):
         raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}",
                          rba=0)
     remote = fs is not trailfs.LOCAL
     # The whole file's SHA-256 as committed, local or not: a file rewritten so that it is
     # consistent with its own footer is still not the file capture committed.
-    return trails.read_parts(file.path, fs=fs if remote else None, sha256=file.sha256, records=file.records,
-                             images=images)
+    return trails.read_parts_deferring_images(file.path, fs=fs if remote else None, sha256=file.sha256,
+                                              records=file.records)
 
 
 # ---------------------------------------------------------------- the run
@@ -253,20 +253,16 @@ class _Run:
 
     def _read(self, file: TrailFile) -> Iterator[pa.Table]:
         """The file's records, their after images decoded only when a chunk needs them."""
-        trusted = {}
-
-        def keep(part: pa.Table, decode) -> None:
-            trusted[id(part)] = netarrow.trusted_lines(part, self.plans)
-            self.images.add(file.seqno, part, decode, now=netarrow.needs_images(trusted[id(part)], self.plans))
-
-        parts = _read(file, self.fs, keep)
+        parts = _read(file, self.fs)
         while True:
             began = time.perf_counter()
-            part = next(parts, None)
+            part, decode = next(parts, (None, None))
             self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
             if part is None:
                 return
-            yield trusted.pop(id(part))
+            part = netarrow.trusted_lines(part, self.plans)
+            self.images.add(file.seqno, part, decode, now=netarrow.needs_images(part, self.plans))
+            yield part
 
     def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
         """The next chunk of `pieces` planned and netted; None after the last."""

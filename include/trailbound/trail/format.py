@@ -437,26 +437,34 @@ def _current(table: pa.Table) -> pa.Table:
     return table.append_column("copy_line", pa.nulls(len(table), pa.string()))
 
 
-def read_parts(path: Path | str, *, sha256: str, records: int, fs=None,
-               images: Callable[[pa.Table, Callable[[], pa.ChunkedArray]], None] | None = None) -> Iterator[pa.Table]:
+def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Iterator[pa.Table]:
     """The records of a committed trail file, one Parquet row group at a time, so that
     the first records are used before the rest are decoded. Checked before the first
     part: the file's SHA-256 (`sha256`, as recorded), its footer, and its count against
     both the footer and `records` (as recorded); each part's rbas as it comes. So a wrong
     rba in a later part stops the reader after the earlier parts were used: only a
     writer can have put it there (the bytes are the committed ones), and what was used
-    before it is correct.
+    before it is correct."""
+    for part, _ in _row_groups(path, sha256=sha256, records=records, fs=fs, images=True):
+        yield part
 
-    With `images`, the parts come without their after images, and each part is first
-    handed to `images` with a function that decodes them (from the bytes already read
-    and checked): a reader that often needs none of them (replicat, for inserts that
-    carry COPY lines) decodes them only when it does."""
+
+def read_parts_deferring_images(path: Path | str, *, sha256: str, records: int,
+                                fs=None) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
+    """read_parts without the after images: each part with a function that decodes them
+    (from the bytes already read and checked), for a reader that often needs none of
+    them (replicat, for inserts that carry COPY lines) and decodes them only when it does."""
+    return _row_groups(path, sha256=sha256, records=records, fs=fs, images=False)
+
+
+def _row_groups(path: Path | str, *, sha256: str, records: int, fs,
+                images: bool) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
     parquet, meta = _open(path, fs=fs, sha256=sha256)
     _check_count(path, parquet.metadata.num_rows, meta)
     if records != meta["records"]:
         raise TrailError(path, f"holds {meta['records']} records; the trail lists {records}",
                          rba=min(records, meta["records"]))
-    columns = None if images is None else [name for name in parquet.schema_arrow.names if name != "after"]
+    columns = None if images else [name for name in parquet.schema_arrow.names if name != "after"]
     first = 0
     for number in range(parquet.num_row_groups):
         try:
@@ -464,11 +472,8 @@ def read_parts(path: Path | str, *, sha256: str, records: int, fs=None,
         except (OSError, pa.ArrowInvalid) as exc:
             raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
         _check_rbas(path, part, first)
-        part = _current(part)
-        if images is not None:
-            images(part, _image_decoder(parquet, number, path, first))
+        yield _current(part), _image_decoder(parquet, number, path, first)
         first += len(part)
-        yield part
 
 
 def _image_decoder(parquet: pq.ParquetFile, number: int, path, first: int) -> Callable[[], pa.ChunkedArray]:
