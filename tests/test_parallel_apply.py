@@ -302,3 +302,36 @@ def test_a_file_replaced_after_its_commit_commits_nothing_from_the_sessions(tmp_
         run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
     assert refused.value.path == str(replaced.path) and "does not match the recorded" in str(refused.value)
     assert _rows(target_dsn, "shop.items", "id, note") == []
+
+
+def test_a_damaged_next_file_stops_the_run_after_every_group_in_flight_is_committed_and_recorded(
+        tmp_path, store, target_dsn):
+    """The lanes are not drained between chunks, so groups may still be in flight when the
+    next chunk turns out to be unreadable (here the second file, replaced after its
+    commit). They commit as they would have, and the run records them before it stops
+    naming the file: the target holds every row of the first file, its checkpoint row
+    and the file checkpoint both name the first file's end."""
+    from test_copy_lines import ITEMS, _commit_files, _create_target, _home, _item, _records, _rows
+
+    from trailbound.errors import TrailError
+    from trailbound.replicat import checkpoints as ckpt
+
+    # 31 one-row transactions at GROUPTRANSOPS 1: chunks of 1, 2, 4, 8 and 16 groups end
+    # with the first file, and the next chunk starts with the second.
+    config, prefix = _home(tmp_path, [ITEMS], grouptransops=1, apply_parallelism=2)
+
+    def transactions(first, count, note):
+        return [(f"T{k}", [("INSERT", "shop.items", None, _item(k, note))]) for k in range(first, first + count)]
+    first = _records(transactions(1, 31, "first file"))
+    _commit_files(store, prefix, [first, _records(transactions(32, 10, "as committed"), scn=10_000)])
+    replaced = trail.write_file(prefix, 2, _records(transactions(32, 10, "replaced"), scn=10_000), group="EXT1",
+                                log_bsn=50)
+    _create_target(config, target_dsn)
+    with pytest.raises(TrailError) as refused:
+        run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
+    assert refused.value.path == str(replaced.path) and "does not match the recorded" in str(refused.value)
+    assert _rows(target_dsn, "shop.items", "id, note") == [(k, "first file") for k in range(1, 32)]
+    assert (checkpoint_row(target_dsn)["seqno"], checkpoint_row(target_dsn)["rba"]) == (1, 31)
+    with store.transaction() as cur:
+        position = ckpt.load(cur, "REP1").checkpoint.position
+    assert (position.seqno, position.rba) == (1, 31)

@@ -80,8 +80,16 @@ class Lane:
 
 
 @dataclass
-class _InFlight:
+class _Todo:
+    chunk: Chunk
     group: Group
+    parallel: bool     # its chunk's: no load window in play
+    tables: set[str]   # its chunk's source tables (the lanes' statements)
+
+
+@dataclass
+class _InFlight:
+    item: _Todo
     lane: Lane
     outcome: Future
 
@@ -89,57 +97,81 @@ class _InFlight:
 class ParallelApply:
     """Applies a chunk's groups, the eligible ones on up to `lanes` sessions at once.
     `run` is the replicat run (replicat/run.py's `_Run`): it applies units, writes
-    checkpoint rows, records committed groups and applies a group alone or replays it."""
+    checkpoint rows, records committed groups and applies a group alone or replays it.
+
+    The lanes are not drained between chunks: the groups still in flight when a chunk's
+    last group is sent stay so while the next chunk's groups follow them, as if the two
+    chunks were one. Anything else the run does on the target waits for them (`settle`)."""
 
     def __init__(self, run, lanes: int, connect):
         self.run, self.wanted, self.connect = run, lanes, connect
         self.lanes: list[Lane] = []
         self._numbers = itertools.count()  # lane numbers, never reused
         self._stopping = threading.Event()
+        self._window: deque[_InFlight] = deque()  # groups on the lanes, oldest first
 
     def close(self) -> None:
+        """End the lanes. Groups still in flight (the run stopped on an error) roll back
+        unless already committing; either way the committed groups are a prefix."""
+        self._stop_in_flight()
         for lane in self.lanes:
             lane.close()
         self.lanes = []
 
     def apply(self, chunk: Chunk, parallel: bool) -> None:
         """Apply every group of the chunk; with `parallel` (no load window in play), the
-        eligible ones on the lanes."""
-        todo = deque(chunk.groups)
-        window: deque[_InFlight] = deque()
+        eligible ones on the lanes. The last of them may still be in flight on return."""
         tables = chunk.net.tables() if chunk.net else set()
+        self._pump(deque(_Todo(chunk, group, parallel, tables) for group in chunk.groups), drain=False)
+
+    def settle(self) -> None:
+        """Wait for the groups in flight and record them, in trail order."""
+        self._pump(deque(), drain=True)
+
+    def _pump(self, todo: deque[_Todo], drain: bool) -> None:
+        window = self._window
         try:
             while todo or window:
-                group = todo[0] if todo else None
+                item = todo[0] if todo else None
                 lane = None
-                if group is not None and parallel and len(window) < self.wanted and eligible(chunk, group):
-                    lane = self._free_lane(tables, {flight.lane.number for flight in window})
+                if (item is not None and item.parallel and len(window) < self.wanted
+                        and eligible(item.chunk, item.group)):
+                    lane = self._free_lane(item.tables, {flight.lane.number for flight in window})
                 if lane is not None:
                     todo.popleft()
                     previous = window[-1].outcome if window else None
-                    window.append(_InFlight(group, lane, lane.pool.submit(self._apply, lane, chunk, group, previous)))
+                    window.append(_InFlight(item, lane, lane.pool.submit(self._apply, lane, item.chunk, item.group,
+                                                                         previous)))
                 elif window:
+                    if item is None and not drain:
+                        return  # the next chunk's groups follow these
                     flight = window.popleft()
                     outcome = flight.outcome.result()
                     if outcome.committed:
-                        self.run.group_committed(group=flight.group, statements=outcome.statements,
+                        self.run.group_committed(group=flight.item.group, statements=outcome.statements,
                                                  waiting=outcome.waiting, committing=outcome.committing)
                         continue
                     # Nothing after it commits (each lane waits for the group before);
                     # they are applied again after it.
                     for later in window:
                         later.outcome.result()
-                    todo.extendleft(reversed([later.group for later in window]))
+                    todo.extendleft(reversed([later.item for later in window]))
                     window.clear()
-                    self._after_failure(chunk, flight.group, outcome.error)
+                    self._after_failure(flight.item.chunk, flight.item.group, outcome.error)
                 else:
-                    self.run.apply_group(chunk, todo.popleft())
+                    item = todo.popleft()
+                    self.run.apply_group(item.chunk, item.group)
         except BaseException:
-            self._stopping.set()  # the lanes roll back what they hold, commit nothing more
-            for flight in window:
-                flight.outcome.exception()
-            self._stopping.clear()
+            self._stop_in_flight()
             raise
+
+    def _stop_in_flight(self) -> None:
+        """The lanes roll back what they hold and commit nothing more."""
+        self._stopping.set()
+        for flight in self._window:
+            flight.outcome.exception()
+        self._window.clear()
+        self._stopping.clear()
 
     def _free_lane(self, tables: set[str], busy: set[int]) -> Lane | None:
         """A lane with no group in flight, opened if need be, ready for the chunk's

@@ -35,8 +35,9 @@ import logging
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,6 +69,7 @@ from trailbound.trail import format as trails
 log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
 CHUNK_RECORDS = 250_000  # the most records in a chunk (the first holds GROUPTRANSOPS)
+CHUNKS_AHEAD = 2  # chunks prepared ahead of the one being applied
 FILE_CHECKPOINT_SECONDS = 1.0
 LOST_TRAIL_HINT = "if the trail was lost, re-create it from the source: see 'Lost trails' in docs/replicat.md"
 
@@ -237,18 +239,26 @@ class _Run:
         # Advanced only by the worker thread, one chunk at a time (it reads the files).
         pieces = cut(files, self._read, start_rba, first=self.grouptransops, most=CHUNK_RECORDS)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicat-prepare") as pool:
-            pending: Future = pool.submit(self._prepare, 0, pieces, log_csn)
-            for number in itertools.count():
+            pending = deque(pool.submit(self._prepare, number, pieces, log_csn) for number in range(CHUNKS_AHEAD))
+            for number in itertools.count(CHUNKS_AHEAD):
                 waited = time.perf_counter()
-                chunk = pending.result()
+                try:
+                    chunk = pending.popleft().result()
+                except BaseException:
+                    # The groups in flight were read before the error: they commit as
+                    # they would have, and are recorded.
+                    self.settle()
+                    self.flush()
+                    raise
                 self.timer.add("apply: waiting for the next chunk", time.perf_counter() - waited)
                 if chunk is None:
                     return
-                pending = pool.submit(self._prepare, number + 1, pieces, log_csn)
+                pending.append(pool.submit(self._prepare, number, pieces, log_csn))
                 try:
                     yield chunk
                 except GeneratorExit:
-                    pending.cancel()
+                    for future in pending:
+                        future.cancel()
                     raise
 
     def _read(self, file: TrailFile) -> Iterator[pa.Table]:
@@ -294,15 +304,18 @@ class _Run:
             for group in chunk.groups:
                 self.apply_group(chunk, group)
         self.result.skipped += chunk.skipped
-        if chunk.end > self.checkpoint.position:
-            # Past transactions already applied (skipped) after the last group: move the
-            # position in both checkpoints, keeping log_csn.
-            with self.connection.cursor() as cur:
-                ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir,
-                                 log_csn=self.checkpoint.log_csn, keep_log_csn=True)
-            self.connection.commit()
-            self._save(ckpt.Checkpoint(chunk.end, self.checkpoint.log_csn, self.checkpoint.log_bsn,
-                                       self.checkpoint.audit_ts), now=True)
+        if not chunk.groups or chunk.end > chunk.groups[-1].end:
+            # Past transactions already applied (skipped) after the last group: once the
+            # groups in flight have committed, move the position in both checkpoints,
+            # keeping log_csn. (Otherwise the last group's commit moves it.)
+            self.settle()
+            if chunk.end > self.checkpoint.position:
+                with self.connection.cursor() as cur:
+                    ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir,
+                                     log_csn=self.checkpoint.log_csn, keep_log_csn=True)
+                self.connection.commit()
+                self._save(ckpt.Checkpoint(chunk.end, self.checkpoint.log_csn, self.checkpoint.log_bsn,
+                                           self.checkpoint.audit_ts), now=True)
         self.flush()
 
     def apply_group(self, chunk: Chunk, group: Group) -> None:
@@ -447,6 +460,11 @@ class _Run:
             ckpt.save(cur, self.state, checkpoint)
         self._saved_at, self._unsaved = time.monotonic(), False
 
+    def settle(self) -> None:
+        """Wait for the groups still in flight on the parallel lanes, and record them."""
+        if self.parallel is not None:
+            self.parallel.settle()
+
     def flush(self) -> None:
         if self._unsaved:
             self._save(self.checkpoint, now=True)
@@ -503,6 +521,8 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             try:
                 for chunk in run.chunks(files, start_rba):
                     run.apply_chunk(chunk)
+                run.settle()
+                run.flush()
             finally:
                 if run.parallel is not None:
                     run.parallel.close()
