@@ -212,6 +212,25 @@ def test_replicat_applies_a_line_only_in_its_plans_layout(tmp_path, store, targe
                                                                     (3, note, "memo-3", 7)]
 
 
+def test_lines_of_a_two_column_key_that_repeats_nowhere_are_applied_as_they_are(tmp_path, store, target_dsn):
+    """A key of two columns whose first repeats within the group (id 1 twice) but whose
+    pairs do not: replicat checks the pairs, and copies the lines ("from-line")."""
+    pairs = {**ITEMS, "key": ["id", "memo"]}
+    config, prefix = _home(tmp_path, [pairs])
+
+    def transactions(note):
+        return [("T1", [("INSERT", "shop.items", None, _item(1, note, memo="a")),
+                        ("INSERT", "shop.items", None, _item(1, note, memo="b"))]),
+                ("T2", [("INSERT", "shop.items", None, _item(2, note, memo="a"))])]
+    _commit_files(store, prefix, [_lines_differing_from_images(transactions("from-line"), transactions("from-image"),
+                                                               {"shop.items": ITEMS_LAYOUT})])
+    _create_target(config, target_dsn)
+    result = run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.transactions, result.replayed_groups) == (2, 0)
+    assert sorted(_rows(target_dsn, "shop.items", "id, memo, note")) == [
+        (1, "a", "from-line"), (1, "b", "from-line"), (2, "a", "from-line")]
+
+
 def test_the_images_of_lined_inserts_are_decoded_when_a_refused_group_is_replayed(tmp_path, store, target_dsn):
     """Replicat reads a part of lined inserts without its after images (it applies the
     lines): a group the target refuses (it holds one of the keys already) is replayed
@@ -247,19 +266,20 @@ def _apply_trail(tmp_path: Path, metadata_dsn: str, target_dsn: str, table: pa.T
     return _rows(target_dsn, "shop.items", "id, note, memo, n"), result.replayed_groups
 
 
-@pytest.mark.parametrize("key_at", ["first", "second"])
+@pytest.mark.parametrize("key_at", ["first", "second", "two columns"])
 def test_a_key_inserted_twice_in_a_unit_is_applied_as_without_lines(tmp_path, new_metadata_database, target_dsn,
                                                                     empty_database_dsn, key_at):
     """Two INSERTs of one key in one group (a unit): their lines cannot simply be copied.
     Replicat tells from the lines that the key repeats (read from the line's first field,
-    or from the field at the key's column) and takes the image's way for them, so the
-    target ends as it does for the same trail without lines."""
-    columns = ITEMS["columns"] if key_at == "second" else [ITEMS["columns"][1], ITEMS["columns"][0],
-                                                           *ITEMS["columns"][2:]]
-    items = {**ITEMS, "columns": columns}
+    from the field at the key's column, or from the fields of a two-column key) and takes
+    the image's way for them, so the target ends as it does for the same trail without
+    lines."""
+    columns = ITEMS["columns"] if key_at != "first" else [ITEMS["columns"][1], ITEMS["columns"][0],
+                                                          *ITEMS["columns"][2:]]
+    items = {**ITEMS, "columns": columns, "key": ["id", "memo"] if key_at == "two columns" else ["id"]}
     transactions = [("T1", [("INSERT", "shop.items", None, _item(1, "first", memo="a")),
                             ("INSERT", "shop.items", None, _item(2, "other"))]),
-                    ("T2", [("INSERT", "shop.items", None, _item(1, "second", memo="b", n=6))])]
+                    ("T2", [("INSERT", "shop.items", None, _item(1, "second", memo="a", n=6))])]
     records = _records(transactions)
     layout = copytext.layout([c["name"] for c in columns], [c["type"] for c in columns])
     lined = trail.with_copy_lines(records, {"shop.items": layout})

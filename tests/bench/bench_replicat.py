@@ -486,8 +486,8 @@ Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs,
 Python {platform.python_version()}; PostgreSQL (fsync off) and Spark on the same machine.
 {conditions}
 
-Where the time goes (seconds; "prepare" runs in a background thread one chunk ahead of
-"apply", so the phases overlap and add up to more than the wall time):
+Where the time goes (seconds; "prepare" runs in a background thread up to two chunks ahead
+of "apply", so the phases overlap and add up to more than the wall time):
 
 | phase | {header} |
 |---|{"---|" * len(timings)}

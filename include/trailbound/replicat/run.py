@@ -14,7 +14,7 @@
 4. Each unit's net change per table and key, as COPY lines: vectorised with Arrow
    (netarrow.py); a (unit, table) with a key-changing UPDATE in Python (netpython.py),
    or by Spark past netpython.LIMIT such records in a chunk (netchange.py). While the
-   driver applies one chunk, the next is prepared in a background thread.
+   driver applies one chunk, the next two are prepared in a background thread.
 5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
    table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    Groups that only insert run on `apply_parallelism` sessions at once, committed in
@@ -230,11 +230,11 @@ class _Run:
         self.fs = trailfs.for_location(state.exttrail, None if trailfs.is_local(state.exttrail) else start_spark())
         self._saved_at, self._unsaved = float("-inf"), False
 
-    # -- preparing chunks (in a background thread, one chunk ahead)
+    # -- preparing chunks (in a background thread, CHUNKS_AHEAD chunks ahead)
 
     def chunks(self, files: list[TrailFile], start_rba: int):
-        """The chunks to apply, each prepared in a background thread while the one
-        before it is applied."""
+        """The chunks to apply, each prepared in a background thread while the ones
+        before it are applied."""
         log_csn = self.checkpoint.log_csn
         # Advanced only by the worker thread, one chunk at a time (it reads the files).
         pieces = cut(files, self._read, start_rba, first=self.grouptransops, most=CHUNK_RECORDS)
