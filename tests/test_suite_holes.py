@@ -155,6 +155,26 @@ def test_completed_xids_past_2000_characters_continue_in_lox_rows(tmp_path, spar
         assert ckt.read(cur, name, "REP1").log_cmplt_xids == ["LAST"]
 
 
+def test_a_group_after_one_whose_xids_overflowed_clears_the_lox_rows_in_the_same_run(tmp_path, spark, store,
+                                                                                       target_dsn):
+    """A run writes its checkpoint rows without deleting _lox rows while none can exist.
+    Here the first group's completed xids overflow into a _lox row, and the next group
+    of the same run (on the other parallel session) replaces it: no _lox row is left,
+    and the row reads back the last group's xid alone."""
+    xids = [f"{n:03d}" + "x/.'\";" * 19 + "é" for n in range(20)]
+    records = [ins(10 + n, xid, n) for n, xid in enumerate(xids)] + [rec(50, xid, "COMMIT") for xid in xids]
+    records += [ins(60, "LAST", 99), rec(61, "LAST", "COMMIT")]
+    _, config = _captured(tmp_path, spark, store, target_dsn, records, grouptransops=20, apply_parallelism=2)
+    result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.groups, result.parallel_groups) == (2, 2), result.describe()
+    name = ckt.CheckpointTableName.parse("trailbound.ggcheckpoint")
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(name.lox))
+        assert cur.fetchone()[0] == 0
+        assert ckt.read(cur, name, "REP1").log_cmplt_xids == ["LAST"]
+    assert sorted(_orders(target_dsn)) == [*range(20), 99]
+
+
 # ---------------------------------------------------------------- the target's columns
 
 @pytest.mark.parametrize("damage,message", [

@@ -151,14 +151,35 @@ def read(cur, name: CheckpointTableName, group: str) -> CheckpointRow | None:
                          int(row[8]) if row[8] else None, parse(row[9]), row[10], parse(row[11]), xids, row[13])
 
 
+@dataclass
+class Overflow:
+    """Whether the group's _lox table may hold rows. A run that looked at its start
+    (`overflow_exists`) writes its checkpoint rows without the DELETE of the _lox rows
+    while there can be none (the usual case: a row's xids fit it). Once some may exist it
+    stays so for the run: a write that added them may still roll back."""
+
+    may_exist: bool = True
+
+
+def overflow_exists(cur, name: CheckpointTableName, group: str) -> Overflow:
+    cur.execute(sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE group_name = %s AND group_key = %s)").format(name.lox),
+                (group, GROUP_KEY))
+    return Overflow(cur.fetchone()[0])
+
+
 def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition, log_csn: Csn | None,
           log_bsn: int | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
-          current_dir: str, commit: bool = False) -> None:
+          current_dir: str, commit: bool = False, overflow: Overflow | None = None) -> None:
     """Upsert the group's row (and its _lox overflow) inside the caller's transaction;
-    with `commit`, COMMIT it too (in the same round trip when the row fits)."""
+    with `commit`, COMMIT it too (in the same round trip when the row fits). Without
+    `overflow`, the _lox rows may exist and are deleted first."""
     csn = str(log_csn) if log_csn else None
     xids = json.dumps(cmplt_xids, ensure_ascii=False) if cmplt_xids else None
     head, rest = (xids[:XIDS_WIDTH], xids[XIDS_WIDTH:]) if xids else (None, "")
+    if overflow is not None and rest:
+        overflow.may_exist = True  # before the rows are written
+    clear = sql.SQL("; DELETE FROM {lox} WHERE group_name = %(group)s AND group_key = %(key)s").format(lox=name.lox) \
+        if overflow is None or overflow.may_exist else sql.SQL("")
     statement = sql.SQL(
         "INSERT INTO {table} AS c (group_name, group_key, seqno, rba, audit_ts, current_dir, log_bsn, log_csn,"
         " log_xid, log_cmplt_csn, log_cmplt_xids, version) VALUES (%(group)s, %(key)s, %(seqno)s, %(rba)s,"
@@ -167,9 +188,8 @@ def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition
         " audit_ts = EXCLUDED.audit_ts, last_update_ts = now(), current_dir = EXCLUDED.current_dir,"
         " log_bsn = EXCLUDED.log_bsn, log_csn = EXCLUDED.log_csn, log_xid = EXCLUDED.log_xid,"
         " log_cmplt_csn = EXCLUDED.log_cmplt_csn, log_cmplt_xids = EXCLUDED.log_cmplt_xids,"
-        " version = EXCLUDED.version;"
-        " DELETE FROM {lox} WHERE group_name = %(group)s AND group_key = %(key)s{commit}").format(
-        table=name.table, lox=name.lox, commit=sql.SQL("; COMMIT" if commit and not rest else ""))
+        " version = EXCLUDED.version{clear}{commit}").format(
+        table=name.table, clear=clear, commit=sql.SQL("; COMMIT" if commit and not rest else ""))
     params = {"group": group, "key": GROUP_KEY, "seqno": position.seqno, "rba": position.rba, "audit_ts": audit_ts,
               "dir": current_dir, "bsn": str(log_bsn) if log_bsn is not None else None, "csn": csn,
               "xid": log_xid[:129] if log_xid else None, "xids": head, "version": VERSION}

@@ -211,13 +211,15 @@ class _Run:
     """The state of one run while it applies."""
 
     def __init__(self, start_spark, store: MetadataStore, config: Config, state: ckpt.ReplicatState, connection,
-                 plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer, target_dsn: str | None = None):
+                 plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer, target_dsn: str | None = None,
+                 overflow: ckt.Overflow | None = None):
         self.start_spark, self.store, self.config, self.state = start_spark, store, config, state
         self.connection, self.plans, self.checkpoint, self.result, self.timer = (connection, plans, checkpoint,
                                                                                result, timer)
         replicat = config.replicat(state.group)
         self.grouptransops, self.handlecollisions = replicat.grouptransops, replicat.handlecollisions
         self.table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
+        self.overflow = overflow or ckt.Overflow()  # whether the checkpoint row's _lox rows may exist
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
@@ -445,7 +447,8 @@ class _Run:
         """The checkpoint table's row for what this target transaction applied (a group,
         or one replayed transaction), written inside it."""
         ckt.write(cur, self.table_name, self.state.group, position=end, log_csn=log_csn, log_bsn=log_bsn,
-                  audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir, commit=commit)
+                  audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir,
+                  commit=commit, overflow=self.overflow)
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, now: bool = False) -> None:
         """The file checkpoint (and trail_reader row) after a target commit: written at
@@ -504,6 +507,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             with connection.cursor() as cur:
                 ckt.create(cur, table_name)
                 row = ckt.read(cur, table_name, name)
+                overflow = ckt.overflow_exists(cur, table_name, name)
                 plans = tgt.plan_tables(cur, load_defs(config.archive_dir(replicat.source)), replicat.map)
             connection.commit()
             checkpoint, started_from = starting_checkpoint(state, row)
@@ -517,7 +521,8 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             if not files:
                 result.note = "nothing new in the trail"
                 return result
-            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer, target_dsn)
+            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer, target_dsn,
+                       overflow)
             try:
                 for chunk in run.chunks(files, start_rba):
                     run.apply_chunk(chunk)
