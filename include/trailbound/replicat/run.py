@@ -219,7 +219,7 @@ class _Run:
         replicat = config.replicat(state.group)
         self.grouptransops, self.handlecollisions = replicat.grouptransops, replicat.handlecollisions
         self.table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
-        self.overflow = overflow or ckt.Overflow()  # whether the checkpoint row's _lox rows may exist
+        self.overflow = overflow if overflow is not None else ckt.Overflow()  # may the _lox rows exist?
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
