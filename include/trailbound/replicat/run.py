@@ -69,7 +69,10 @@ from trailbound.trail import format as trails
 log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
 CHUNK_RECORDS = 250_000  # the most records in a chunk (the first holds GROUPTRANSOPS)
-CHUNKS_AHEAD = 2  # chunks prepared ahead of the one being applied
+# Chunks prepared ahead of the one being applied: two while they are small (the first
+# ones apply faster than the next row group decodes), one from a chunk of half the most
+# on (it takes longer to apply than the next to prepare; a third would only hold memory).
+CHUNKS_AHEAD = 2
 FILE_CHECKPOINT_SECONDS = 1.0
 LOST_TRAIL_HINT = "if the trail was lost, re-create it from the source: see 'Lost trails' in docs/replicat.md"
 
@@ -240,9 +243,10 @@ class _Run:
         log_csn = self.checkpoint.log_csn
         # Advanced only by the worker thread, one chunk at a time (it reads the files).
         pieces = cut(files, self._read, start_rba, first=self.grouptransops, most=CHUNK_RECORDS)
+        numbers = itertools.count()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicat-prepare") as pool:
-            pending = deque(pool.submit(self._prepare, number, pieces, log_csn) for number in range(CHUNKS_AHEAD))
-            for number in itertools.count(CHUNKS_AHEAD):
+            pending = deque(pool.submit(self._prepare, next(numbers), pieces, log_csn) for _ in range(CHUNKS_AHEAD))
+            while True:
                 waited = time.perf_counter()
                 try:
                     chunk = pending.popleft().result()
@@ -255,7 +259,9 @@ class _Run:
                 self.timer.add("apply: waiting for the next chunk", time.perf_counter() - waited)
                 if chunk is None:
                     return
-                pending.append(pool.submit(self._prepare, number, pieces, log_csn))
+                ahead = CHUNKS_AHEAD if len(chunk.light) < CHUNK_RECORDS // 2 else 1
+                while len(pending) < ahead:
+                    pending.append(pool.submit(self._prepare, next(numbers), pieces, log_csn))
                 try:
                     yield chunk
                 except GeneratorExit:
