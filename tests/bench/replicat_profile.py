@@ -1,7 +1,7 @@
 """Where one insert-heavy replicat run spends its time: per thread and per process, as
 docs/benchmarks/replicat.md (session 16) reports it.
 
-    .venv/bin/python tests/bench/replicat_profile.py [--rows N] [--rounds R] [--apply-parallelism P]
+    .venv/bin/python tests/bench/replicat_profile.py [--rows N] [--rounds R] [--apply-parallelism P] [--timeline]
 
 Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench's throwaway server);
 uses bench_replicat's databases and plain COPY (the median of three). The trail is
@@ -13,7 +13,11 @@ local, so no Spark runs. Each round is one `run_replicat` on a fresh target, and
   (`_Run._prepare`) and of the parallel sessions' threads (`ParallelApply._apply`), and
   the CPU of the run's process and of the whole machine;
 - the CPU of the parallel sessions' server processes (from /proc, when the server runs on
-  this machine; "-" otherwise).
+  this machine; "-" otherwise);
+- with --timeline, below each round: the machine's busy share in each 20 ms of the run
+  (from /proc/stat, so in steps of 25% on two CPUs) and when each chunk was prepared:
+  where the run leaves a CPU idle (session 18 found the sessions drained between chunks
+  this way).
 
 The first round includes the process's first imports; read the others. The measurement
 wraps three methods of the engine for the runs of this process (a benchmark, not a test).
@@ -39,6 +43,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--apply-parallelism", type=int, default=2)
+    parser.add_argument("--timeline", action="store_true", help="each round's busy share per 20 ms, and its chunks")
     args = parser.parse_args()
 
     from trailbound.metadata import MetadataStore, dsn_from_env
@@ -54,6 +59,7 @@ def main() -> int:
     seen = Counter()
     lock = threading.Lock()
     marks: dict[str, float] = {}
+    spans: list[tuple[str, float, float]] = []  # (label, began, ended) of every measured call
     lane_servers: list = []   # (connection, its server process's CPU since it opened)
 
     def thread_times() -> tuple[float, float]:
@@ -63,7 +69,8 @@ def main() -> int:
 
     def measured(method, label: str):
         def wrapper(*args_, **kwargs):
-            marks.setdefault(label, time.perf_counter())  # when the first call began
+            began_at = time.perf_counter()
+            marks.setdefault(label, began_at)  # when the first call began
             cpu, waited = thread_times()
             try:
                 return method(*args_, **kwargs)
@@ -72,11 +79,28 @@ def main() -> int:
                 with lock:
                     seen[f"{label} CPU"] += cpu_after - cpu
                     seen[f"{label} run queue"] += waited_after - waited
+                    spans.append((label, began_at, time.perf_counter()))
         return wrapper
 
-    def machine_cpu() -> float:
+    def machine_ticks() -> tuple[int, int]:
+        """The machine's busy ticks (all but idle and iowait) and all its ticks so far."""
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        return sum(fields) - fields[3] - fields[4], sum(fields)
+
+    def machine_cpu() -> float:
+        return machine_ticks()[0] / os.sysconf("SC_CLK_TCK")
+
+    def sample_busy(samples: list, stop: threading.Event) -> None:
+        while not stop.is_set():
+            samples.append((time.perf_counter(), *machine_ticks()))
+            time.sleep(0.02)
+
+    def timeline(samples: list, began: float) -> str:
+        busy = " ".join(f"{(t0 - began) * 1000:.0f}:{(b1 - b0) / max(1, a1 - a0):.0%}"
+                        for (t0, b0, a0), (_, b1, a1) in zip(samples, samples[1:]))
+        chunks = " ".join(f"{(a - began) * 1000:.0f}-{(z - began) * 1000:.0f}"
+                          for label, a, z in sorted(spans, key=lambda span: span[1]) if label == "prepare")
+        return f"  busy per 20 ms (ms from the start: share): {busy}\n  chunks prepared (ms): {chunks}"
 
     originals = (replicat_run._Run._prepare, parallel.ParallelApply._apply, parallel.Lane.close,
                  replicat_run.lane_connection)
@@ -114,11 +138,19 @@ def main() -> int:
             bench.register_trail(store, work / "dirdat" / "lt", files)
             seen.clear()
             marks.clear()
+            spans.clear()
             lane_servers.clear()
+            samples, stop = [], threading.Event()
+            sampler = threading.Thread(target=sample_busy, args=(samples, stop)) if args.timeline else None
             machine, process = machine_cpu(), time.process_time()
             began = time.perf_counter()
+            if sampler:
+                sampler.start()
             result = replicat_run.run_replicat(bench.no_spark, store, config, "REP1", target_dsn=target)
             seconds = time.perf_counter() - began
+            if sampler:
+                stop.set()
+                sampler.join()
             process, machine = time.process_time() - process, machine_cpu() - machine
             store.close()
             assert result.operations == args.rows, result.describe()
@@ -128,6 +160,8 @@ def main() -> int:
                   f"{'-' if first is None else f'{(first - began) * 1000:.0f} ms'} | "
                   f"{seen['prepare CPU']:.2f} s | {seen['prepare run queue']:.2f} s | {seen['sessions CPU']:.2f} s | "
                   f"{seen['sessions run queue']:.2f} s | {process:.2f} s | {servers_cpu} | {machine:.2f} s |", flush=True)
+            if sampler:
+                print(timeline(samples, began), flush=True)
     finally:
         (replicat_run._Run._prepare, parallel.ParallelApply._apply, parallel.Lane.close,
          replicat_run.lane_connection) = originals
