@@ -89,9 +89,8 @@ class Chunk:
 class DeferredImages:
     """The after images of the trail parts a run reads without them
     (trail.format.read_parts_deferring_images), each decoded at most once, when a chunk
-    first needs it. Chunks are planned
-    in trail order: a part entirely before a chunk being planned is forgotten (the chunks
-    that use it keep what they need)."""
+    first needs it. Chunks are planned in trail order: a part entirely before a chunk
+    being planned is forgotten (the chunks that use it keep what they need)."""
 
     def __init__(self):
         self._parts: list[tuple[int, int, int, "_PartImages"]] = []   # (seqno, first rba, records, images)

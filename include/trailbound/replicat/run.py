@@ -214,15 +214,15 @@ class _Run:
     """The state of one run while it applies."""
 
     def __init__(self, start_spark, store: MetadataStore, config: Config, state: ckpt.ReplicatState, connection,
-                 plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer, target_dsn: str | None = None,
-                 overflow: ckt.Overflow | None = None):
+                 plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer, overflow: ckt.Overflow,
+                 target_dsn: str | None = None):
         self.start_spark, self.store, self.config, self.state = start_spark, store, config, state
         self.connection, self.plans, self.checkpoint, self.result, self.timer = (connection, plans, checkpoint,
                                                                                result, timer)
         replicat = config.replicat(state.group)
         self.grouptransops, self.handlecollisions = replicat.grouptransops, replicat.handlecollisions
         self.table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
-        self.overflow = overflow if overflow is not None else ckt.Overflow()  # may the _lox rows exist?
+        self.overflow = overflow  # whether the checkpoint row's _lox rows may exist
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
@@ -254,7 +254,6 @@ class _Run:
                     # The groups in flight were read before the error: they commit as
                     # they would have, and are recorded.
                     self.settle()
-                    self.flush()
                     raise
                 self.timer.add("apply: waiting for the next chunk", time.perf_counter() - waited)
                 if chunk is None:
@@ -470,9 +469,11 @@ class _Run:
         self._saved_at, self._unsaved = time.monotonic(), False
 
     def settle(self) -> None:
-        """Wait for the groups still in flight on the parallel lanes, and record them."""
+        """Wait for the groups still in flight on the parallel lanes, and record them
+        (counts and file checkpoint)."""
         if self.parallel is not None:
             self.parallel.settle()
+        self.flush()
 
     def flush(self) -> None:
         if self._unsaved:
@@ -527,13 +528,12 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             if not files:
                 result.note = "nothing new in the trail"
                 return result
-            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer, target_dsn,
-                       overflow)
+            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer, overflow,
+                       target_dsn)
             try:
                 for chunk in run.chunks(files, start_rba):
                     run.apply_chunk(chunk)
                 run.settle()
-                run.flush()
             finally:
                 if run.parallel is not None:
                     run.parallel.close()
