@@ -66,16 +66,34 @@ class Outcome:
 
 
 class Lane:
-    """One target session of its own, and the thread that drives it."""
+    """One target session of its own, and the thread that drives it. The session opens on
+    that thread as soon as the lane is made, while the run goes on (`ready` waits)."""
 
-    def __init__(self, number: int, connection, plans):
-        self.number, self.connection = number, connection
-        self.fast = FastApplier(connection, plans)
+    def __init__(self, number: int, connect, plans):
+        self.number, self.connection, self.fast = number, None, None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replicat-lane-{number}")
+        self._opened = self.pool.submit(self._open, connect, plans)
+
+    def _open(self, connect, plans) -> None:
+        connection = connect()
+        try:
+            # The lane opens and ends its transactions itself, each with a statement it
+            # sends anyway (see ParallelApply._apply).
+            connection.autocommit = True
+            with connection.cursor() as cur:
+                cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
+        except BaseException:
+            connection.close()
+            raise
+        self.connection, self.fast = connection, FastApplier(connection, plans)
+
+    def ready(self) -> None:
+        """Wait for the session; raise what opening it raised."""
+        self._opened.result()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-        if not self.connection.closed:
+        if self.connection is not None and not self.connection.closed:
             self.connection.close()
 
 
@@ -109,6 +127,12 @@ class ParallelApply:
         self._numbers = itertools.count()  # lane numbers, never reused
         self._stopping = threading.Event()
         self._window: deque[_InFlight] = deque()  # groups on the lanes, oldest first
+
+    def open_ahead(self) -> None:
+        """Start opening every lane's session, so that the first groups find them open
+        (the run calls this once it knows it has work, beside its first prepare)."""
+        while len(self.lanes) < self.wanted:
+            self.lanes.append(Lane(next(self._numbers), self.connect, self.run.plans))
 
     def close(self) -> None:
         """End the lanes. Groups still in flight (the run stopped on an error) roll back
@@ -181,13 +205,9 @@ class ParallelApply:
         lane = next((lane for lane in self.lanes if lane.number not in busy), None)
         try:
             if lane is None:
-                lane = Lane(next(self._numbers), self.connect(), self.run.plans)
+                lane = Lane(next(self._numbers), self.connect, self.run.plans)
                 self.lanes.append(lane)
-                # The lane opens and ends its transactions itself, each with a statement
-                # it sends anyway (see _apply).
-                lane.connection.autocommit = True
-                with lane.connection.cursor() as cur:
-                    cur.execute("SET lock_timeout = %s", (LOCK_TIMEOUT,))
+            lane.ready()
             lane.fast.prepare(tables)
             return lane
         except (TrailboundError, psycopg2.Error) as exc:

@@ -3,8 +3,10 @@
 1. Hold the group (advisory locks on the metadata store and the target).
 2. Start from the checkpoint table's row when there is one (it wins: it commits with the
    data), else from the file checkpoint; repair the file checkpoint from it.
-3. Read the committed trail files (trailbound.trail_file) from there, verifying each
-   whole file before any of its records is used, and cut them into chunks: rba ranges
+3. Read the committed trail files (trailbound.trail_file) from there, each file's
+   SHA-256 checked beside the decoding of its first row groups (nothing read from a
+   file commits, and no error its records led to is reported, before the check has
+   passed; a mismatch is the run's error), and cut them into chunks: rba ranges
    ending at a transaction's end, the first GROUPTRANSOPS records, each next one twice
    the last, up to CHUNK_RECORDS (chunks.cut). Applying starts once the first small chunk
    is prepared. In each chunk, skip transactions at or below log_csn, group whole source
@@ -151,9 +153,11 @@ def pending_files(cur, state: ckpt.ReplicatState, start: TrailPosition) -> tuple
     return [TrailFile(row["seqno"], row["path"], row["records"], row["sha256"]) for row in rows], rba
 
 
-def _read(file: TrailFile, fs) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
+def _read(file: TrailFile, fs,
+          checksum: trails.Checksum) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
     """The file's records, a row group at a time, each part with the function that decodes
-    its after images (trail.format.read_parts_deferring_images)."""
+    its after images (trail.format.read_parts_deferring_images); its SHA-256 is checked
+    beside them (`checksum`)."""
     if not fs.exists(file.path):
         raise TrailError(file.path, f"listed as committed (seqno {file.seqno}) but not there; {LOST_TRAIL_HINT}",
                          rba=0)
@@ -161,7 +165,7 @@ def _read(file: TrailFile, fs) -> Iterator[tuple[pa.Table, Callable[[], pa.Chunk
     # The whole file's SHA-256 as committed, local or not: a file rewritten so that it is
     # consistent with its own footer is still not the file capture committed.
     return trails.read_parts_deferring_images(file.path, fs=fs if remote else None, sha256=file.sha256,
-                                              records=file.records)
+                                              records=file.records, checksum=checksum)
 
 
 # ---------------------------------------------------------------- the run
@@ -227,7 +231,12 @@ class _Run:
         self.replayer = Replayer(plans, replicat.handlecollisions)
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
         self.images = DeferredImages()  # the trail's after images, decoded when a chunk needs them
-        # Insert-only groups on several sessions at once (parallel.py); lanes open when first used.
+        # Each file's SHA-256, checked beside its decoding: verified before anything
+        # its records lead to commits (`verified`), and before an error they led to is
+        # reported (`checksum_error`).
+        self.checksums: dict[int, trails.Checksum] = {}
+        # Insert-only groups on several sessions at once (parallel.py); their sessions open
+        # beside the first prepare (`chunks`).
         self.parallel = (ParallelApply(self, replicat.apply_parallelism, lane_connection(config, target_dsn))
                          if replicat.apply_parallelism > 1 else None)
         self.current_dir = str(config.home)
@@ -246,6 +255,8 @@ class _Run:
         numbers = itertools.count()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicat-prepare") as pool:
             pending = deque(pool.submit(self._prepare, next(numbers), pieces, log_csn) for _ in range(CHUNKS_AHEAD))
+            if self.parallel is not None:
+                self.parallel.open_ahead()
             while True:
                 waited = time.perf_counter()
                 try:
@@ -270,7 +281,8 @@ class _Run:
 
     def _read(self, file: TrailFile) -> Iterator[pa.Table]:
         """The file's records, their after images decoded only when a chunk needs them."""
-        parts = _read(file, self.fs)
+        checksum = self.checksums[file.seqno] = trails.Checksum()
+        parts = _read(file, self.fs, checksum)
         while True:
             began = time.perf_counter()
             part, decode = next(parts, (None, None))
@@ -317,6 +329,7 @@ class _Run:
             # keeping log_csn. (Otherwise the last group's commit moves it.)
             self.settle()
             if chunk.end > self.checkpoint.position:
+                self.verified(chunk.end)
                 with self.connection.cursor() as cur:
                     ckt.set_position(cur, self.table_name, self.state.group, chunk.end, current_dir=self.current_dir,
                                      log_csn=self.checkpoint.log_csn, keep_log_csn=True)
@@ -398,6 +411,7 @@ class _Run:
 
     def replay_group(self, chunk: Chunk, group: Group, reason: Exception) -> None:
         """Apply a group transaction by transaction, each with its checkpoint row."""
+        self.verified(group.end)  # before a record of it is applied, or named in an error
         began = time.perf_counter()
         self.result.replayed_groups += 1
         log.warning("replicat %s: the group ending at seqno %s rba %s (CSN %s) is replayed transaction by "
@@ -450,7 +464,9 @@ class _Run:
     def _write_checkpoint_row(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
                               audit_ts: datetime, log_bsn: int, commit: bool = False) -> None:
         """The checkpoint table's row for what this target transaction applied (a group,
-        or one replayed transaction), written inside it."""
+        or one replayed transaction), written inside it, once the files it was read from
+        are known to be the committed ones."""
+        self.verified(end)
         ckt.write(cur, self.table_name, self.state.group, position=end, log_csn=log_csn, log_bsn=log_bsn,
                   audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir,
                   commit=commit, overflow=self.overflow)
@@ -467,6 +483,16 @@ class _Run:
         with self.store.transaction() as cur:
             ckpt.save(cur, self.state, checkpoint)
         self._saved_at, self._unsaved = time.monotonic(), False
+
+    def verified(self, end: TrailPosition) -> None:
+        """Wait for the checksums of the files read up to `end`; raise a mismatch."""
+        for seqno, checksum in list(self.checksums.items()):  # the prepare thread adds to it
+            if seqno <= end.seqno:
+                checksum.verify()
+
+    def checksum_error(self) -> TrailboundError | None:
+        """The mismatch of any file read, once every check is done, or None."""
+        return next((error for checksum in list(self.checksums.values()) if (error := checksum.error())), None)
 
     def settle(self) -> None:
         """Wait for the groups still in flight on the parallel lanes, and record them
@@ -534,6 +560,13 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                 for chunk in run.chunks(files, start_rba):
                     run.apply_chunk(chunk)
                 run.settle()
+            except Exception:
+                # A file found not to be the committed one is the error, whatever its
+                # records led to before its checksum was known (none of them committed).
+                if (mismatch := run.checksum_error()) is not None:
+                    run.flush()
+                    raise mismatch from None
+                raise
             finally:
                 if run.parallel is not None:
                     run.parallel.close()

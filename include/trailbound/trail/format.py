@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -357,18 +358,68 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _open(path: Path | str, *, fs, sha256: str | None) -> tuple[pq.ParquetFile, dict]:
+class Checksum:
+    """A committed trail file's SHA-256, checked in a thread of its own once the file's
+    first row group is decoded (read_parts_deferring_images(checksum=...)), so that the
+    reader's first records wait neither for the whole file to be hashed (about 11 ms for
+    a 14 MB file) nor for a CPU the hash holds. Until `verify()` has returned, the
+    records are not known to be the committed ones: the reader calls it before anything
+    it does with them lasts (a commit), and before it reports an error they led to (a
+    damaged file's garbage is no error of its own)."""
+
+    def __init__(self):
+        self._read: tuple[str, bytes, str] | None = None   # (path, the file's bytes, the recorded SHA-256)
+        self._thread: threading.Thread | None = None
+        self._mismatch: tuple[str, str] | None = None     # (path, message)
+        self._lock = threading.Lock()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._read is None or self._thread is not None:
+                return
+            path, data, expected = self._read
+            self._read = None
+
+            def check() -> None:
+                actual = hashlib.sha256(data).hexdigest()  # releases the GIL
+                if actual != expected:
+                    self._mismatch = (path, _checksum_mismatch(actual, expected))
+            self._thread = threading.Thread(target=check, name="trail-checksum", daemon=True)
+            self._thread.start()
+
+    def error(self) -> TrailError | None:
+        """The file's error once its check is done, or None: it is the committed file, or
+        was never read (nothing of it can have been used)."""
+        self._start()  # if its reader stopped before starting it
+        if self._thread is None:
+            return None
+        self._thread.join()
+        return TrailError(self._mismatch[0], self._mismatch[1], rba=0) if self._mismatch else None
+
+    def verify(self) -> None:
+        if (error := self.error()) is not None:
+            raise error
+
+
+def _checksum_mismatch(actual: str, recorded: str) -> str:
+    return (f"file checksum {actual} does not match the recorded {recorded}: the file is damaged or is not the one "
+            "that was committed")
+
+
+def _open(path: Path | str, *, fs, sha256: str | None,
+          checksum: Checksum | None = None) -> tuple[pq.ParquetFile, dict]:
     """A trail file opened for reading, its footer parsed once and checked: format
     version, seqno against its name, and `sha256` (the whole file's, as recorded in
-    trailbound.trail_file) before anything is decoded."""
+    trailbound.trail_file) before anything is decoded, or with `checksum`, beside."""
     source = None
     if fs is not None or sha256 is not None:
         from trailbound import files as trailfs
 
         source = (fs or trailfs.LOCAL).read_bytes(str(path))
-        if sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:
-            raise TrailError(path, f"file checksum {actual} does not match the recorded {sha256}: "
-                                   "the file is damaged or is not the one that was committed", rba=0)
+        if sha256 is not None and checksum is not None:
+            checksum._read = (str(path), source, sha256)  # checked once the first row group is decoded
+        elif sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:
+            raise TrailError(path, _checksum_mismatch(actual, sha256), rba=0)
     try:
         # ParquetFile, not read_table: it reads a row group at a time (read_parts) and needs
         # no pyarrow.dataset. A file whose SHA-256 is the one recorded at commit is, byte
@@ -449,31 +500,40 @@ def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Itera
         yield part
 
 
-def read_parts_deferring_images(path: Path | str, *, sha256: str, records: int,
-                                fs=None) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
+def read_parts_deferring_images(path: Path | str, *, sha256: str, records: int, fs=None,
+                                checksum: Checksum | None = None
+                                ) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
     """read_parts without the after images: each part with a function that decodes them
-    (from the bytes already read and checked), for a reader that often needs none of
-    them (replicat, for inserts that carry COPY lines) and decodes them only when it does."""
-    return _row_groups(path, sha256=sha256, records=records, fs=fs, images=False)
+    (from the bytes already read), for a reader that often needs none of them
+    (replicat, for inserts that carry COPY lines) and decodes them only when it does.
+    With `checksum`, the file's SHA-256 is checked there, beside the decoding, and the
+    reader verifies it before its records lead to anything lasting (see Checksum)."""
+    return _row_groups(path, sha256=sha256, records=records, fs=fs, images=False, checksum=checksum)
 
 
-def _row_groups(path: Path | str, *, sha256: str, records: int, fs,
-                images: bool) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
-    parquet, meta = _open(path, fs=fs, sha256=sha256)
-    _check_count(path, parquet.metadata.num_rows, meta)
-    if records != meta["records"]:
-        raise TrailError(path, f"holds {meta['records']} records; the trail lists {records}",
-                         rba=min(records, meta["records"]))
-    columns = None if images else [name for name in parquet.schema_arrow.names if name != "after"]
-    first = 0
-    for number in range(parquet.num_row_groups):
-        try:
-            part = parquet.read_row_group(number, columns=columns).replace_schema_metadata(None)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
-        _check_rbas(path, part, first)
-        yield _current(part), _image_decoder(parquet, number, path, first)
-        first += len(part)
+def _row_groups(path: Path | str, *, sha256: str, records: int, fs, images: bool,
+                checksum: Checksum | None = None) -> Iterator[tuple[pa.Table, Callable[[], pa.ChunkedArray]]]:
+    try:
+        parquet, meta = _open(path, fs=fs, sha256=sha256, checksum=checksum)
+        _check_count(path, parquet.metadata.num_rows, meta)
+        if records != meta["records"]:
+            raise TrailError(path, f"holds {meta['records']} records; the trail lists {records}",
+                             rba=min(records, meta["records"]))
+        columns = None if images else [name for name in parquet.schema_arrow.names if name != "after"]
+        first = 0
+        for number in range(parquet.num_row_groups):
+            try:
+                part = parquet.read_row_group(number, columns=columns).replace_schema_metadata(None)
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
+            if checksum is not None:
+                checksum._start()
+            _check_rbas(path, part, first)
+            yield _current(part), _image_decoder(parquet, number, path, first)
+            first += len(part)
+    finally:
+        if checksum is not None:
+            checksum._start()  # a reader that stops early still learns whether the file was the committed one
 
 
 def _image_decoder(parquet: pq.ParquetFile, number: int, path, first: int) -> Callable[[], pa.ChunkedArray]:
