@@ -281,7 +281,8 @@ def _terminate(dsn: str) -> int:
 
 _CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.bounded"),
                   "pump": ("trailbound.pump.run",),
-                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply", "trailbound.replicat.parallel")}
+                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply", "trailbound.replicat.parallel",
+                               "trailbound.replicat.copychain")}
 # The threads parallel.py's lanes run on (ThreadPoolExecutor "replicat-lane-<n>_<i>").
 LANE_THREAD = "replicat-lane-"
 THREAD_ENV = "TRAILBOUND_MATRIX_CRASH_THREAD"
@@ -291,7 +292,7 @@ THREAD_DRIVER = f"""
 import os
 import threading
 from trailbound import crash
-from trailbound.replicat import apply, parallel, run
+from trailbound.replicat import apply, copychain, parallel, run
 
 _fire, _on_lane = crash.crashpoint, os.environ.pop({THREAD_ENV!r}) == "lane"
 
@@ -301,7 +302,7 @@ def _crashpoint(name):
         _fire(name)
 
 
-for _module in (apply, parallel, run):
+for _module in (apply, copychain, parallel, run):
     _module.crashpoint = _crashpoint
 """ + CRASH_DRIVER
 

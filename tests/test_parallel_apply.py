@@ -24,6 +24,7 @@ from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.positions import Csn
+from trailbound.replicat import copychain
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
 from trailbound.replicat.info import describe_replicat
@@ -88,10 +89,23 @@ def _consistent_prefix(target_dsn: str, records: list[dict]) -> None:
     assert counts == _prefix_counts(records, row[0] if row else 0), (row, counts)
 
 
-def test_groups_on_two_sessions_commit_in_trail_order(tmp_path, spark, store, target_dsn):
+# Each group as one query of chained COPYs (copychain.py), and, where that cannot be used,
+# as psycopg2's own queries.
+WAYS = pytest.mark.parametrize("way", ["copychain", "psycopg2"])
+
+
+def _send_by(way: str, monkeypatch) -> None:
+    assert copychain.available(), "this machine's psycopg2 libpq is found (Linux)"
+    if way == "psycopg2":
+        monkeypatch.setattr(copychain, "available", lambda: False)
+
+
+@WAYS
+def test_groups_on_two_sessions_commit_in_trail_order(way, tmp_path, spark, store, target_dsn, monkeypatch):
     """200 insert-only groups, two at a time. A reader polling the target throughout sees,
     in every snapshot, exactly the rows of the trail up to the checkpoint row's position:
     no group is ever visible before the one ahead of it."""
+    _send_by(way, monkeypatch)
     _insert_only(tmp_path, 400)
     _, config, records = _prepare(tmp_path, spark, store, target_dsn, tables=("shop.*", "hr.*"), grouptransops=6,
                                   apply_parallelism=2)
@@ -129,10 +143,13 @@ def test_groups_on_two_sessions_commit_in_trail_order(tmp_path, spark, store, ta
         assert counts == _prefix_counts(records, rba), f"at rba {rba} the target held {counts}"
 
 
-def test_a_refused_row_in_a_parallel_group_commits_nothing_after_it(tmp_path, spark, store, target_dsn):
+@WAYS
+def test_a_refused_row_in_a_parallel_group_commits_nothing_after_it(way, tmp_path, spark, store, target_dsn,
+                                                                    monkeypatch):
     """The target already holds a row the 8th group inserts. Groups after it were sent on
     the other session: none of them commits. The error names the record; the checkpoint
     row is just before it. With HANDLECOLLISIONS the rerun converges."""
+    _send_by(way, monkeypatch)
     _insert_only(tmp_path, 40, salaries=False)
     _, config, records = _prepare(tmp_path, spark, store, target_dsn, tables=("shop.*",), grouptransops=4)
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:

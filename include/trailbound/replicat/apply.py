@@ -310,6 +310,10 @@ class FastApplier:
             if inserts is not None and len(inserts):
                 _copy(cur, self._sql[table].copy_target, inserts)
 
+    def copy_statement(self, table: str) -> str:
+        """The COPY of new rows into the table's target (FROM STDIN, COPY text)."""
+        return self._sql[table].copy_target
+
     def copy_rows(self, cur, table: str, rows: memoryview, opening: str = "") -> None:
         """COPY new rows into the table's target; `opening` (a parallel lane's BEGIN) is
         sent in the same query."""

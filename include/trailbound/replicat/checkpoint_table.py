@@ -167,20 +167,27 @@ def overflow_exists(cur, name: CheckpointTableName, group: str) -> Overflow:
     return Overflow(cur.fetchone()[0])
 
 
-def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition, log_csn: Csn | None,
-          log_bsn: int | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
-          current_dir: str, commit: bool = False, overflow: Overflow | None = None) -> None:
+def write(cur, name: CheckpointTableName, group: str, **row) -> None:
     """Upsert the group's row (and its _lox overflow) inside the caller's transaction;
-    with `commit`, COMMIT it too (in the same round trip when the row fits). Without
-    `overflow`, the _lox rows may exist and are deleted first."""
+    with `commit`, COMMIT it too, in the same round trip (see row_statements)."""
+    cur.execute(row_statements(cur, name, group, **row))
+
+
+def row_statements(cur, name: CheckpointTableName, group: str, *, position: TrailPosition, log_csn: Csn | None,
+                   log_bsn: int | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
+                   current_dir: str, commit: bool = False, overflow: Overflow | None = None) -> bytes:
+    """The statements that upsert the group's row and its _lox overflow, values bound, as
+    one text (for `cur`'s session's encoding); with `commit`, a COMMIT after them.
+    Without `overflow`, the _lox rows may exist and are deleted first."""
     csn = str(log_csn) if log_csn else None
     xids = json.dumps(cmplt_xids, ensure_ascii=False) if cmplt_xids else None
     head, rest = (xids[:XIDS_WIDTH], xids[XIDS_WIDTH:]) if xids else (None, "")
     if overflow is not None and rest:
         overflow.may_exist = True  # before the rows are written
-    clear = sql.SQL("; DELETE FROM {lox} WHERE group_name = %(group)s AND group_key = %(key)s").format(lox=name.lox) \
-        if overflow is None or overflow.may_exist else sql.SQL("")
-    statement = sql.SQL(
+    params = {"group": group, "key": GROUP_KEY, "seqno": position.seqno, "rba": position.rba, "audit_ts": audit_ts,
+              "dir": current_dir, "bsn": str(log_bsn) if log_bsn is not None else None, "csn": csn,
+              "xid": log_xid[:129] if log_xid else None, "xids": head, "version": VERSION}
+    statements = [cur.mogrify(sql.SQL(
         "INSERT INTO {table} AS c (group_name, group_key, seqno, rba, audit_ts, current_dir, log_bsn, log_csn,"
         " log_xid, log_cmplt_csn, log_cmplt_xids, version) VALUES (%(group)s, %(key)s, %(seqno)s, %(rba)s,"
         " %(audit_ts)s, %(dir)s, %(bsn)s, %(csn)s, %(xid)s, %(csn)s, %(xids)s, %(version)s)"
@@ -188,19 +195,20 @@ def write(cur, name: CheckpointTableName, group: str, *, position: TrailPosition
         " audit_ts = EXCLUDED.audit_ts, last_update_ts = now(), current_dir = EXCLUDED.current_dir,"
         " log_bsn = EXCLUDED.log_bsn, log_csn = EXCLUDED.log_csn, log_xid = EXCLUDED.log_xid,"
         " log_cmplt_csn = EXCLUDED.log_cmplt_csn, log_cmplt_xids = EXCLUDED.log_cmplt_xids,"
-        " version = EXCLUDED.version{clear}{commit}").format(
-        table=name.table, clear=clear, commit=sql.SQL("; COMMIT" if commit and not rest else ""))
-    params = {"group": group, "key": GROUP_KEY, "seqno": position.seqno, "rba": position.rba, "audit_ts": audit_ts,
-              "dir": current_dir, "bsn": str(log_bsn) if log_bsn is not None else None, "csn": csn,
-              "xid": log_xid[:129] if log_xid else None, "xids": head, "version": VERSION}
-    cur.execute(statement, params)
+        " version = EXCLUDED.version").format(table=name.table), params)]
+    if overflow is None or overflow.may_exist:
+        statements.append(cur.mogrify(sql.SQL("DELETE FROM {} WHERE group_name = %(group)s AND group_key = %(key)s")
+                                      .format(name.lox), params))
     if rest:
         parts = [rest[i:i + XIDS_WIDTH] for i in range(0, len(rest), XIDS_WIDTH)]
-        cur.executemany(sql.SQL("INSERT INTO {} (group_name, group_key, log_cmplt_csn, log_cmplt_xids_seq,"
-                                " log_cmplt_xids) VALUES (%s, %s, %s, %s, %s)").format(name.lox),
-                        [(group, GROUP_KEY, csn or "", seq, part) for seq, part in enumerate(parts, start=1)])
-        if commit:
-            cur.execute("COMMIT")
+        insert = sql.SQL("INSERT INTO {} (group_name, group_key, log_cmplt_csn, log_cmplt_xids_seq, log_cmplt_xids)"
+                         " VALUES ").format(name.lox)
+        statements.append(cur.mogrify(insert) + b", ".join(
+            cur.mogrify("(%s, %s, %s, %s, %s)", (group, GROUP_KEY, csn or "", seq, part))
+            for seq, part in enumerate(parts, start=1)))
+    if commit:
+        statements.append(b"COMMIT")
+    return b"; ".join(statements)
 
 
 def set_position(cur, name: CheckpointTableName, group: str, position: TrailPosition, *,

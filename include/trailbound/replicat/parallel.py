@@ -43,6 +43,7 @@ import psycopg2.extensions
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
+from trailbound.replicat import copychain
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import DATA_ERRORS, Collision, FastApplier, NeedsReplay
 from trailbound.replicat.chunks import Chunk, Group
@@ -221,38 +222,55 @@ class ParallelApply:
 
     def _apply(self, lane: Lane, chunk: Chunk, group: Group, previous: Future | None) -> Outcome:
         """On the lane's thread: the group's rows, then (once the group before has
-        committed) its checkpoint row and COMMIT. Never raises: the outcome says."""
+        committed, and the files it was read from are known to be the committed ones)
+        its checkpoint row and COMMIT. Never raises: the outcome says."""
         began = time.perf_counter()
+        sent = ready = began
+
+        def ready_to_commit() -> bool:
+            nonlocal sent, ready
+            sent = time.perf_counter()
+            if (previous is not None and not previous.result().committed) or self._stopping.is_set():
+                return False
+            self.run.verified(group.end)
+            ready = time.perf_counter()
+            crashpoint("before_target_commit")
+            return True
+
         try:
-            with lane.connection.cursor() as cur:
-                self._send_rows(lane, cur, chunk, group)
-                sent = time.perf_counter()
-                if (previous is not None and not previous.result().committed) or self._stopping.is_set():
-                    _rollback_quietly(lane.connection)
-                    return Outcome(False)
-                ready = time.perf_counter()
-                crashpoint("before_target_commit")
-                self.run.write_group_checkpoint_row(cur, group, commit=True)
+            rows = list(_rows(chunk, group))
+            if copychain.available():
+                with lane.connection.cursor() as cur:
+                    tail = self.run.group_checkpoint_statements(cur, group)
+                copies = [(lane.fast.copy_statement(table), data) for table, data in rows]
+                committed = copychain.apply(lane.connection, copies, tail, ready_to_commit)
+            else:
+                committed = self._apply_one_by_one(lane, rows, group, ready_to_commit)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which decides
             _rollback_quietly(lane.connection)
             return Outcome(False, exc)
+        if not committed:
+            return Outcome(False)
         crashpoint("after_target_commit")
         return Outcome(True, None, sent - began, ready - sent, time.perf_counter() - ready)
 
-    @staticmethod
-    def _send_rows(lane: Lane, cur, chunk: Chunk, group: Group) -> None:
-        """The group's new rows, a COPY per unit and table: all an eligible group holds.
-        The first COPY carries the transaction's BEGIN, and the checkpoint row its
-        COMMIT: two round trips fewer per group than the driver's own BEGIN and COMMIT."""
-        opening = "BEGIN; "
-        for unit, _ in group.units:
-            for entry in chunk.net.units.get(unit, ()) if chunk.net else ():
-                rows = chunk.net.view(entry.inserts)
-                if rows is not None and len(rows):
-                    lane.fast.copy_rows(cur, entry.table, rows, opening)
-                    opening = ""
-        if opening:  # nothing to insert (its records cancelled out): the checkpoint row only
-            cur.execute("BEGIN")
+    def _apply_one_by_one(self, lane: Lane, rows: list[tuple[str, memoryview]], group: Group,
+                          ready_to_commit) -> bool:
+        """Where copychain cannot be used: a COPY per table, then the checkpoint row with
+        its COMMIT, each a query of psycopg2's. The first COPY carries the transaction's
+        BEGIN: seven round trips for a group of three tables (copychain: four)."""
+        with lane.connection.cursor() as cur:
+            opening = "BEGIN; "
+            for table, data in rows:
+                lane.fast.copy_rows(cur, table, data, opening)
+                opening = ""
+            if opening:  # nothing to insert (its records cancelled out): the checkpoint row only
+                cur.execute("BEGIN")
+            if not ready_to_commit():
+                _rollback_quietly(lane.connection)
+                return False
+            cur.execute(self.run.group_checkpoint_statements(cur, group))
+        return True
 
     def _after_failure(self, chunk: Chunk, group: Group, error: BaseException | None) -> None:
         """The oldest group in flight did not commit: replay it, apply it alone, or stop."""
@@ -265,6 +283,16 @@ class ParallelApply:
             self.run.apply_group(chunk, group)
         else:
             raise error
+
+
+def _rows(chunk: Chunk, group: Group):
+    """The group's new rows, (source table, COPY text) per unit and table: all an
+    eligible group holds."""
+    for unit, _ in group.units:
+        for entry in chunk.net.units.get(unit, ()) if chunk.net else ():
+            rows = chunk.net.view(entry.inserts)
+            if rows is not None and len(rows):
+                yield entry.table, rows
 
 
 def eligible(chunk: Chunk, group: Group) -> bool:

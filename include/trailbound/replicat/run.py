@@ -346,7 +346,9 @@ class _Run:
                 self.apply_units(cur, self.fast, chunk, group)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
-                self.write_group_checkpoint_row(cur, group)
+                self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
+                                           cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
+                                           log_bsn=group.log_bsn)
                 crashpoint("before_target_commit")
             self.connection.commit()
         except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
@@ -377,12 +379,13 @@ class _Run:
                     raise NeedsReplay(f"unit {unit} table {entry.table}")
             fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
 
-    def write_group_checkpoint_row(self, cur, group: Group, *, commit: bool = False) -> None:
-        """The group's checkpoint row; with `commit` (a session in autocommit that opened
-        the transaction itself), COMMIT sent with it."""
-        self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
-                                   cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts, log_bsn=group.log_bsn,
-                                   commit=commit)
+    def group_checkpoint_statements(self, cur, group: Group) -> bytes:
+        """The group's checkpoint row and COMMIT, as one text for a parallel session to
+        send after the group's rows. Its caller verifies the files the group was read
+        from (`verified`) before it lets them run."""
+        return self._checkpoint_statements(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
+                                           cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
+                                           log_bsn=group.log_bsn, commit=True)
 
     def group_committed(self, group: Group, *, statements: float, committing: float,
                         waiting: float | None = None) -> None:
@@ -462,14 +465,19 @@ class _Run:
         crashpoint("between_groups")
 
     def _write_checkpoint_row(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
-                              audit_ts: datetime, log_bsn: int, commit: bool = False) -> None:
+                              audit_ts: datetime, log_bsn: int) -> None:
         """The checkpoint table's row for what this target transaction applied (a group,
         or one replayed transaction), written inside it, once the files it was read from
         are known to be the committed ones."""
         self.verified(end)
-        ckt.write(cur, self.table_name, self.state.group, position=end, log_csn=log_csn, log_bsn=log_bsn,
-                  audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids, current_dir=self.current_dir,
-                  commit=commit, overflow=self.overflow)
+        cur.execute(self._checkpoint_statements(cur, end, log_csn=log_csn, log_xid=log_xid, cmplt_xids=cmplt_xids,
+                                                audit_ts=audit_ts, log_bsn=log_bsn))
+
+    def _checkpoint_statements(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
+                               audit_ts: datetime, log_bsn: int, commit: bool = False) -> bytes:
+        return ckt.row_statements(cur, self.table_name, self.state.group, position=end, log_csn=log_csn,
+                                  log_bsn=log_bsn, audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids,
+                                  current_dir=self.current_dir, commit=commit, overflow=self.overflow)
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, now: bool = False) -> None:
         """The file checkpoint (and trail_reader row) after a target commit: written at
