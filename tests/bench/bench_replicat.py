@@ -310,6 +310,35 @@ def warm_up(spark, work: Path, defs) -> None:
         copy_lines(net_changes(frame, shapes), shapes).write.mode("overwrite").format("noop").save()
 
 
+def wait_for_quiet_jvms(most: float = 20.0) -> float:
+    """Wait until the JVMs on this machine (Spark's driver, a standalone cluster's) use
+    under 5% of a CPU over a quarter of a second, at most `most` seconds; returns the
+    seconds waited. The warm-up's JIT compiles and collections go on after it returns:
+    measured, the JVM used 0.65 CPU-s during a run that followed the warm-up at once
+    (44.6% of COPY) and 0.00-0.01 CPU-s during the next ones (62-66%)."""
+    def jvm_seconds() -> float:
+        ticks = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+            except OSError:
+                continue
+            if text[text.index("(") + 1:text.rindex(")")] == "java":
+                fields = text[text.rindex(")") + 2:].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    began = time.perf_counter()
+    used = jvm_seconds()
+    while time.perf_counter() - began < most:
+        time.sleep(0.25)
+        now = jvm_seconds()
+        if now - used < 0.05 * 0.25:
+            break
+        used = now
+    return time.perf_counter() - began
+
+
 class StandaloneCluster:
     """A Spark standalone master and one worker on 127.0.0.1, from the pyspark install."""
 
@@ -402,6 +431,7 @@ def main() -> int:
         cluster = StandaloneCluster(work / "cluster") if master == "standalone" else None
         spark = spark_session.session("trailbound-bench", master=cluster.master if cluster else master)
         warm_up(spark, work, defs)
+        print(f"{master}: waited {wait_for_quiet_jvms():.1f} s for the JVMs to go quiet after the warm-up", flush=True)
         for kind in args.work:
             transactions, preload, prefix, files, copy_seconds, copied = workloads[kind]
             for groupops, sessions in ((g, p) for g in args.grouptransops for p in args.apply_parallelism):
