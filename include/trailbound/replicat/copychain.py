@@ -35,12 +35,14 @@ from pathlib import Path
 import numpy as np
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 
 from trailbound.crash import crashpoint
 
 # libpq's ExecStatusType values used here, and the SQLSTATE field of PQresultErrorField.
 _COPY_IN, _FATAL_ERROR = 4, 7
 _SQLSTATE = ord("C")
+_PIECE = 64 << 20  # bytes per PQputCopyData call (its length is a C int)
 
 _lock = threading.Lock()
 _libpq: ctypes.CDLL | None = None
@@ -106,7 +108,7 @@ def apply(connection, copies: list[tuple[str, memoryview]], tail: bytes, ready_t
                 if not ready_to_commit():
                     query.fail_copy("the group before this one did not commit")
                     query.finish(raise_error=False)
-                    _rollback_quietly(connection)
+                    rollback_quietly(connection)
                     return False
                 agreed = True
             query.end_copy()
@@ -116,7 +118,7 @@ def apply(connection, copies: list[tuple[str, memoryview]], tail: bytes, ready_t
         return True
     except BaseException:
         query.finish(raise_error=False)  # whatever is left of the query, read or abandoned
-        _rollback_quietly(connection)
+        rollback_quietly(connection)
         raise
 
 
@@ -139,17 +141,19 @@ class _Query:
             if status == _FATAL_ERROR:
                 self.error = self.error or _error(self.pq, result)
             self.pq.PQclear(result)
-            if status == _FATAL_ERROR:
-                return False
-            if status == _COPY_IN:
-                return True
+            if status in (_FATAL_ERROR, _COPY_IN):
+                return status == _COPY_IN
         return False
 
     def copy_data(self, rows: memoryview) -> bool:
-        """Send the rows (from their own memory: no copy). False if the server has ended
-        the COPY already (an error: finish says which)."""
+        """Send the rows from their own memory (no copy), in pieces that fit libpq's int.
+        False if the server has ended the COPY already (an error: finish says which)."""
         data = np.frombuffer(rows, dtype=np.uint8)
-        return self.pq.PQputCopyData(self.conn, data.ctypes.data, len(data)) == 1
+        address = data.ctypes.data
+        for at in range(0, len(data), _PIECE):
+            if self.pq.PQputCopyData(self.conn, address + at, min(_PIECE, len(data) - at)) != 1:
+                return False
+        return True
 
     def end_copy(self) -> None:
         self.pq.PQputCopyEnd(self.conn, None)  # fails only if the COPY has ended already: finish says why
@@ -186,9 +190,12 @@ def _text(message: bytes | None) -> str:
     return (message or b"").decode("utf-8", "replace").strip()
 
 
-def _rollback_quietly(connection) -> None:
+def rollback_quietly(connection) -> None:
+    """End the session's open transaction, if any. (A session in autocommit, as the
+    parallel ones are: the driver's rollback() would send nothing.)"""
     try:
-        if not connection.closed and connection.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        if not connection.closed and connection.info.transaction_status != idle:
             with connection.cursor() as cur:
                 cur.execute("ROLLBACK")
     except psycopg2.Error:

@@ -247,7 +247,7 @@ class ParallelApply:
             else:
                 committed = self._apply_one_by_one(lane, rows, group, ready_to_commit)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which decides
-            _rollback_quietly(lane.connection)
+            copychain.rollback_quietly(lane.connection)
             return Outcome(False, exc)
         if not committed:
             return Outcome(False)
@@ -267,7 +267,7 @@ class ParallelApply:
             if opening:  # nothing to insert (its records cancelled out): the checkpoint row only
                 cur.execute("BEGIN")
             if not ready_to_commit():
-                _rollback_quietly(lane.connection)
+                copychain.rollback_quietly(lane.connection)
                 return False
             cur.execute(self.run.group_checkpoint_statements(cur, group))
         return True
@@ -305,18 +305,6 @@ def eligible(chunk: Chunk, group: Group) -> bool:
             if entry.staged is not None or entry.unresolved:
                 return False
     return True
-
-
-def _rollback_quietly(connection) -> None:
-    """End a lane's open transaction, if any (the session is in autocommit: the
-    driver's rollback() would send nothing)."""
-    try:
-        idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
-        if not connection.closed and connection.info.transaction_status != idle:
-            with connection.cursor() as cur:
-                cur.execute("ROLLBACK")
-    except psycopg2.Error:
-        pass
 
 
 def lane_connection(config, dsn: str | None):
