@@ -167,18 +167,13 @@ def overflow_exists(cur, name: CheckpointTableName, group: str) -> Overflow:
     return Overflow(cur.fetchone()[0])
 
 
-def write(cur, name: CheckpointTableName, group: str, **row) -> None:
-    """Upsert the group's row (and its _lox overflow) inside the caller's transaction;
-    with `commit`, COMMIT it too, in the same round trip (see row_statements)."""
-    cur.execute(row_statements(cur, name, group, **row))
-
-
 def row_statements(cur, name: CheckpointTableName, group: str, *, position: TrailPosition, log_csn: Csn | None,
                    log_bsn: int | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
                    current_dir: str, commit: bool = False, overflow: Overflow | None = None) -> bytes:
     """The statements that upsert the group's row and its _lox overflow, values bound, as
-    one text (for `cur`'s session's encoding); with `commit`, a COMMIT after them.
-    Without `overflow`, the _lox rows may exist and are deleted first."""
+    one text (in `cur`'s session's encoding) to run inside the caller's transaction, in
+    one round trip; with `commit`, a COMMIT after them. Without `overflow`, the _lox rows
+    may exist and are deleted first."""
     csn = str(log_csn) if log_csn else None
     xids = json.dumps(cmplt_xids, ensure_ascii=False) if cmplt_xids else None
     head, rest = (xids[:XIDS_WIDTH], xids[XIDS_WIDTH:]) if xids else (None, "")

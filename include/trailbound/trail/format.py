@@ -368,17 +368,21 @@ class Checksum:
     damaged file's garbage is no error of its own)."""
 
     def __init__(self):
-        self._read: tuple[str, bytes, str] | None = None   # (path, the file's bytes, the recorded SHA-256)
+        self._pending: tuple[str, bytes, str] | None = None   # (path, the file's bytes, the recorded SHA-256)
         self._thread: threading.Thread | None = None
-        self._mismatch: tuple[str, str] | None = None     # (path, message)
+        self._mismatch: tuple[str, str] | None = None        # (path, message)
         self._lock = threading.Lock()
+
+    def _hold(self, path: Path | str, data: bytes, expected: str) -> None:
+        """The file's bytes as read, to check once the first row group is decoded."""
+        self._pending = (str(path), data, expected)
 
     def _start(self) -> None:
         with self._lock:
-            if self._read is None or self._thread is not None:
+            if self._pending is None or self._thread is not None:
                 return
-            path, data, expected = self._read
-            self._read = None
+            path, data, expected = self._pending
+            self._pending = None
 
             def check() -> None:
                 actual = hashlib.sha256(data).hexdigest()  # releases the GIL
@@ -417,7 +421,7 @@ def _open(path: Path | str, *, fs, sha256: str | None,
 
         source = (fs or trailfs.LOCAL).read_bytes(str(path))
         if sha256 is not None and checksum is not None:
-            checksum._read = (str(path), source, sha256)  # checked once the first row group is decoded
+            checksum._hold(path, source, sha256)
         elif sha256 is not None and (actual := hashlib.sha256(source).hexdigest()) != sha256:
             raise TrailError(path, _checksum_mismatch(actual, sha256), rba=0)
     try:
