@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import psycopg2
 import pytest
@@ -24,6 +25,7 @@ from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import target as tgt
+from trailbound.replicat.parallel import ParallelApply
 from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -160,11 +162,21 @@ def test_completed_xids_past_2000_characters_continue_in_lox_rows(tmp_path, spar
 
 
 def test_a_group_after_one_whose_xids_overflowed_clears_the_lox_rows_in_the_same_run(tmp_path, spark, store,
-                                                                                       target_dsn):
+                                                                                       target_dsn, monkeypatch):
     """A run writes its checkpoint rows without deleting _lox rows while none can exist.
     Here the first group's completed xids overflow into a _lox row, and the next group
     of the same run (on the other parallel session) replaces it: no _lox row is left,
-    and the row reads back the last group's xid alone."""
+    and the row reads back the last group's xid alone. The first group's session is
+    held back a moment, so that the second group's session starts before it: the second
+    group's row must know of the first's overflow all the same."""
+    apply = ParallelApply._apply
+
+    def first_one_late(self, lane, chunk, group, *rest):
+        if len(group.cmplt_xids) > 1:  # the first group: the twenty xids
+            time.sleep(0.3)
+        return apply(self, lane, chunk, group, *rest)
+
+    monkeypatch.setattr(ParallelApply, "_apply", first_one_late)
     xids = [f"{n:03d}" + "x/.'\";" * 19 + "é" for n in range(20)]
     records = [ins(10 + n, xid, n) for n, xid in enumerate(xids)] + [rec(50, xid, "COMMIT") for xid in xids]
     records += [ins(60, "LAST", 99), rec(61, "LAST", "COMMIT")]

@@ -165,8 +165,12 @@ class ParallelApply:
                 if lane is not None:
                     todo.popleft()
                     previous = window[-1].outcome if window else None
+                    # The checkpoint row is composed here, in trail order: a group whose
+                    # xids overflow into _lox rows marks the run's Overflow before any
+                    # later group's row is composed (and so deletes them).
+                    tail = self.run.group_checkpoint_statements(item.group)
                     window.append(_InFlight(item, lane, lane.pool.submit(self._apply, lane, item.chunk, item.group,
-                                                                         previous)))
+                                                                         tail, previous)))
                 elif window:
                     if item is None and not drain:
                         return  # the next chunk's groups follow these
@@ -220,10 +224,10 @@ class ParallelApply:
                         self.run.state.group, max(1, self.wanted), " ".join(str(exc).split()))
             return None
 
-    def _apply(self, lane: Lane, chunk: Chunk, group: Group, previous: Future | None) -> Outcome:
+    def _apply(self, lane: Lane, chunk: Chunk, group: Group, tail: bytes, previous: Future | None) -> Outcome:
         """On the lane's thread: the group's rows, then (once the group before has
         committed, and the files it was read from are known to be the committed ones)
-        its checkpoint row and COMMIT. Never raises: the outcome says."""
+        `tail`, its checkpoint row and COMMIT. Never raises: the outcome says."""
         began = time.perf_counter()
         sent = ready = began
 
@@ -240,12 +244,10 @@ class ParallelApply:
         try:
             rows = list(_rows(chunk, group))
             if copychain.available():
-                with lane.connection.cursor() as cur:
-                    tail = self.run.group_checkpoint_statements(cur, group)
                 copies = [(lane.fast.copy_statement(table), data) for table, data in rows]
                 committed = copychain.apply(lane.connection, copies, tail, ready_to_commit)
             else:
-                committed = self._apply_one_by_one(lane, rows, group, ready_to_commit)
+                committed = self._apply_one_by_one(lane, rows, tail, ready_to_commit)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which decides
             copychain.rollback_quietly(lane.connection)
             return Outcome(False, exc)
@@ -254,8 +256,8 @@ class ParallelApply:
         crashpoint("after_target_commit")
         return Outcome(True, None, sent - began, ready - sent, time.perf_counter() - ready)
 
-    def _apply_one_by_one(self, lane: Lane, rows: list[tuple[str, memoryview]], group: Group,
-                          ready_to_commit) -> bool:
+    @staticmethod
+    def _apply_one_by_one(lane: Lane, rows: list[tuple[str, memoryview]], tail: bytes, ready_to_commit) -> bool:
         """Where copychain cannot be used: a COPY per table, then the checkpoint row with
         its COMMIT, each a query of psycopg2's. The first COPY carries the transaction's
         BEGIN: seven round trips for a group of three tables (copychain: four)."""
@@ -269,7 +271,7 @@ class ParallelApply:
             if not ready_to_commit():
                 copychain.rollback_quietly(lane.connection)
                 return False
-            cur.execute(self.run.group_checkpoint_statements(cur, group))
+            cur.execute(tail)
         return True
 
     def _after_failure(self, chunk: Chunk, group: Group, error: BaseException | None) -> None:

@@ -379,13 +379,16 @@ class _Run:
                     raise NeedsReplay(f"unit {unit} table {entry.table}")
             fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
 
-    def group_checkpoint_statements(self, cur, group: Group) -> bytes:
+    def group_checkpoint_statements(self, group: Group) -> bytes:
         """The group's checkpoint row and COMMIT, as one text for a parallel session to
-        send after the group's rows. Its caller verifies the files the group was read
-        from (`verified`) before it lets them run."""
-        return self._checkpoint_statements(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
-                                           cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
-                                           log_bsn=group.log_bsn, commit=True)
+        send after the group's rows; composed on the run's thread, in trail order (see
+        ckt.Overflow). Its sender verifies the files the group was read from (`verified`)
+        before it lets them run. (Every session's client encoding is UTF8: the run's own
+        session composes for all.)"""
+        with self.connection.cursor() as cur:
+            return self._checkpoint_statements(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
+                                               cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
+                                               log_bsn=group.log_bsn, commit=True)
 
     def group_committed(self, group: Group, *, statements: float, committing: float,
                         waiting: float | None = None) -> None:
