@@ -45,7 +45,7 @@ import psycopg2
 import pyarrow as pa
 from psycopg2 import sql
 
-from benchdb import fresh_database
+from benchdb import cpu_seconds, fresh_database
 from results import write_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -317,16 +317,14 @@ def wait_for_quiet_jvms(most: float = 20.0) -> float:
     measured, the JVM used 0.65 CPU-s during a run that followed the warm-up at once
     (44.6% of COPY) and 0.00-0.01 CPU-s during the next ones (62-66%)."""
     def jvm_seconds() -> float:
-        ticks = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
+        used = 0.0
+        for comm in Path("/proc").glob("[0-9]*/comm"):
             try:
-                text = stat.read_text()
-            except OSError:
+                if comm.read_text().strip() == "java":
+                    used += cpu_seconds(comm.parent.name)
+            except OSError:  # a process that has just ended
                 continue
-            if text[text.index("(") + 1:text.rindex(")")] == "java":
-                fields = text[text.rindex(")") + 2:].split()
-                ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return used
 
     began = time.perf_counter()
     used = jvm_seconds()

@@ -29,16 +29,16 @@ def backend_cpu(connection):
         cur.execute("SELECT pg_backend_pid()")
         pid = cur.fetchone()[0]
     connection.commit()
-    stat, comm = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/comm")
-
-    def seconds() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
     try:
-        if not comm.read_text().startswith("postgres"):
+        if not Path(f"/proc/{pid}/comm").read_text().startswith("postgres"):
             return None
-        start = seconds()
+        start = cpu_seconds(pid)
     except OSError:
         return None
-    return lambda: seconds() - start
+    return lambda: cpu_seconds(pid) - start
+
+
+def cpu_seconds(pid: int | str) -> float:
+    """The CPU seconds a process on this machine has used (utime + stime, /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

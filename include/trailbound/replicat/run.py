@@ -346,9 +346,7 @@ class _Run:
                 self.apply_units(cur, self.fast, chunk, group)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
-                self._write_checkpoint_row(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
-                                           cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
-                                           log_bsn=group.log_bsn)
+                self._write_checkpoint_row(cur, group.end, **_row_values(group))
                 crashpoint("before_target_commit")
             self.connection.commit()
         except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
@@ -386,9 +384,7 @@ class _Run:
         before it lets them run. (Every session's client encoding is UTF8: the run's own
         session composes for all.)"""
         with self.connection.cursor() as cur:
-            return self._checkpoint_statements(cur, group.end, log_csn=group.log_csn, log_xid=group.log_xid,
-                                               cmplt_xids=group.cmplt_xids, audit_ts=group.audit_ts,
-                                               log_bsn=group.log_bsn, commit=True)
+            return self._checkpoint_statements(cur, group.end, **_row_values(group), commit=True)
 
     def group_committed(self, group: Group, *, statements: float, committing: float,
                         waiting: float | None = None) -> None:
@@ -522,6 +518,12 @@ class _Run:
                 self.connection.rollback()
         except psycopg2.Error:
             pass
+
+
+def _row_values(group: Group) -> dict:
+    """What a group's checkpoint row says besides its position."""
+    return {"log_csn": group.log_csn, "log_xid": group.log_xid, "cmplt_xids": group.cmplt_xids,
+            "audit_ts": group.audit_ts, "log_bsn": group.log_bsn}
 
 
 def starting_checkpoint(state: ckpt.ReplicatState, row: ckt.CheckpointRow | None) -> tuple[ckpt.Checkpoint, str]:
