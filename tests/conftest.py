@@ -15,6 +15,7 @@ never an assertion.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 from psycopg2 import sql
 
 from trailbound.devtools.localpg import LocalServer
+from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,6 +168,19 @@ def target_dsn(pg_server_dsn):
 def store(metadata_dsn):
     with MetadataStore.open(metadata_dsn) as opened:
         yield opened
+
+
+@pytest.fixture
+def group_held_elsewhere(metadata_dsn):
+    """`with group_held_elsewhere("extract", "EXT1"):` holds the group as a running process
+    does, on a session of its own. The lock is released at the block's end, not by closing
+    the session: a closed session's backend lets its locks go a moment later, and a status
+    read right after the block must not race it (it did once in CI)."""
+    @contextlib.contextmanager
+    def hold(kind: str, group: str):
+        with MetadataStore.open(metadata_dsn) as other, GroupLock(other, kind, group, wait=None):
+            yield
+    return hold
 
 
 @pytest.fixture(scope="session")

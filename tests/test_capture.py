@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 
-import psycopg2
 import pytest
 
 from capture_kit import (at, committed_trail, ins, load_config, new_archive, rec, state, transactions,
@@ -236,21 +235,17 @@ def test_a_record_after_commit_across_runs_stops_capture_and_moves_nothing(tmp_p
     assert bad.exists()
 
 
-def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, spark, store, capsys, monkeypatch):
+def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, spark, store, group_held_elsewhere, capsys,
+                                                                   monkeypatch):
     archive = new_archive(tmp_path)
     archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "INFLIGHT", 2)], 100)
     archive.segment(1, [ins(110, "B", 3), rec(120, "INFLIGHT", "COMMIT"), rec(130, "B", "COMMIT")], 200)
     config_path = write_config(tmp_path)
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
-    holder = psycopg2.connect(store.connection.dsn)
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(hashtext('extract:EXT1'))")
+    with group_held_elsewhere("extract", "EXT1"):
         assert cli.main(["--config", str(config_path), "add", "extract", "EXT1"]) == 0
         assert cli.main(["--config", str(config_path), "alter", "extract", "EXT1", "begin", "scn", "100"]) == 1
         assert "held by a running capture" in capsys.readouterr().err
-    finally:
-        holder.close()
     assert cli.main(["--config", str(config_path), "alter", "extract", "EXT1", "begin", "scn", "100"]) == 0
     run(spark, store, load_config(tmp_path))
     # INFLIGHT started before scn 100: never written; B started after: written.

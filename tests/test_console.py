@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import psycopg2
 import pytest
 
 from capture_kit import ins, load_config, new_archive, rec, write_config
@@ -62,7 +61,8 @@ def test_a_failed_run_abends_its_group_until_a_run_succeeds(tmp_path, spark, sto
     assert [o.outcome for o in runlog.history(store, "extract", "EXT1")] == ["ok", "error", "ok"]
 
 
-def test_a_killed_run_is_abended_and_a_refused_one_changes_nothing(tmp_path, spark, store, monkeypatch):
+def test_a_killed_run_is_abended_and_a_refused_one_changes_nothing(tmp_path, spark, store, group_held_elsewhere,
+                                                                   monkeypatch):
     archive = new_archive(tmp_path)
     archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT")], 100)
     config_path = write_config(tmp_path)
@@ -78,14 +78,9 @@ def test_a_killed_run_is_abended_and_a_refused_one_changes_nothing(tmp_path, spa
     [ext1] = status.info_all(store, config)
     assert ext1.status == "ABENDED" and "ended without recording an outcome" in ext1.error
 
-    holder = psycopg2.connect(store.connection.dsn)
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(hashtext('extract:EXT1'))")
+    with group_held_elsewhere("extract", "EXT1"):
         assert status.info_all(store, config)[0].status == "RUNNING"
         assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 1  # refused: the group is held
-    finally:
-        holder.close()
     assert [o.outcome for o in runlog.history(store, "extract", "EXT1")][:2] == ["refused", "running"]
     assert status.info_all(store, config)[0].status == "ABENDED", "a refused run says nothing of the group"
     assert cli.main(tb(config_path, "extract", "run", "EXT1")) == 0

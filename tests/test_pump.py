@@ -369,7 +369,8 @@ def test_a_configured_pump_not_added_yet_holds_its_trail(tmp_path, store):
 
 # ---------------------------------------------------------------- commands, configuration
 
-def test_add_info_and_delete_pump_and_a_pump_that_needs_a_purged_file(tmp_path, store, capsys, monkeypatch):
+def test_add_info_and_delete_pump_and_a_pump_that_needs_a_purged_file(tmp_path, store, group_held_elsewhere, capsys,
+                                                                     monkeypatch):
     config_path = write_config(tmp_path, PASSTHRU, purge={"minkeepfiles": 0})
     config = configuration.load(config_path)
     source = SourceTrail(store, Path(config.trail_location("dirdat/lt")))
@@ -395,15 +396,10 @@ def test_add_info_and_delete_pump_and_a_pump_that_needs_a_purged_file(tmp_path, 
     assert cli.main(["--config", str(moved), "pump", "run", "PMP1"]) == 1
     assert "was added reading trail" in capsys.readouterr().err, "a pump's trails cannot move under it"
 
-    holder = psycopg2.connect(store.connection.dsn)
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(hashtext('pump:PMP1'))")
+    with group_held_elsewhere("pump", "PMP1"):
         assert main("pump", "run", "PMP1") == 1
         assert "held by a running pump" in capsys.readouterr().err
         assert main("info", "pump", "PMP1") == 0 and "Status RUNNING" in capsys.readouterr().out
-    finally:
-        holder.close()
 
     assert main("delete", "pump", "PMP1") == 0
     assert _reader_rows(store, str(source.prefix)) == []

@@ -68,23 +68,18 @@ FOUR_APPLIED = {1: "changed", 2: "n2", 3: "n3", 4: "n4"}
 # ---------------------------------------------------------------- the group lock
 
 def test_a_second_replicat_run_and_alter_are_refused_while_a_run_holds_the_group(tmp_path, spark, store, target_dsn,
-                                                                                capsys, monkeypatch):
+                                                                                group_held_elsewhere, capsys, monkeypatch):
     config_path, _ = _captured(tmp_path, spark, store, target_dsn, FOUR)
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
     main = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
-    holder = psycopg2.connect(store.connection.dsn)  # what a running replicat holds
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(hashtext('replicat:REP1'))")
+    with group_held_elsewhere("replicat", "REP1"):
         capsys.readouterr()
         assert main("replicat", "run", "REP1") == 1
         assert "replicat REP1 is held by a running" in capsys.readouterr().err
         assert main("alter", "replicat", "REP1", "extseqno", "1", "extrba", "0") == 1
         assert "replicat REP1 is held by a running" in capsys.readouterr().err
         assert checkpoint_row(target_dsn) is None and _orders(target_dsn) == {}
-    finally:
-        holder.close()
     assert main("replicat", "run", "REP1") == 0
     assert _orders(target_dsn) == FOUR_APPLIED
 
