@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -270,6 +271,22 @@ def test_a_crash_with_groups_in_flight_on_both_sessions_converges(point, tmp_pat
     assert checkpoint_row(target_dsn)["log_csn"] == str(Csn.from_row(records[-1]))
 
 
+def _wait_until_no_session_of(role: str, dsn: str, seconds: float = 60) -> None:
+    """Until the server lists no session of `role` (its closed ones have exited)."""
+    deadline = time.monotonic() + seconds
+    with psycopg2.connect(dsn) as connection:
+        connection.autocommit = True
+        with connection.cursor() as cur:
+            while True:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,))
+                left = cur.fetchone()[0]
+                if not left:
+                    break
+                assert time.monotonic() < deadline, f"{left} session(s) of {role} still there after {seconds} s"
+                time.sleep(0.05)
+    connection.close()
+
+
 def test_a_target_that_takes_no_second_session_is_applied_on_one(tmp_path, spark, store, target_dsn, caplog):
     """The replicat's role may open one connection (CONNECTION LIMIT 1): the lane cannot
     be opened, the run says so in a warning and applies every group on its own session."""
@@ -284,6 +301,10 @@ def test_a_target_that_takes_no_second_session_is_applied_on_one(tmp_path, spark
     limited = psycopg2.extensions.make_dsn(target_dsn, user=role)
     try:
         _, config, records = _prepare(tmp_path, spark, store, limited, tables=("shop.*", "hr.*"), grouptransops=3)
+        # _prepare's session of the limited role (it created the tables) is closed, but it
+        # counts against the limit until its server process has exited, a moment later: the
+        # run's own session, opened right after, would be refused ("too many connections").
+        _wait_until_no_session_of(role, target_dsn)
         result = run_replicat(spark, store, config, "REP1", target_dsn=limited)
         assert (result.groups, result.parallel_groups) == (100, 0), result.describe()
         assert any("parallel apply goes on with 1 session(s)" in r.getMessage() and "too many connections" in
