@@ -84,6 +84,33 @@ def test_a_second_replicat_run_and_alter_are_refused_while_a_run_holds_the_group
     assert _orders(target_dsn) == FOUR_APPLIED
 
 
+def test_a_group_applying_to_the_target_from_another_metadata_store_is_refused_there(tmp_path, spark, store,
+                                                                                      target_dsn, capsys,
+                                                                                      monkeypatch):
+    """The group is held on the target too: a second installation (another metadata store,
+    so another group lock) pointed at the same target and group is refused, run and alter
+    alike, and runs once the other lets go."""
+    config_path, _ = _captured(tmp_path, spark, store, target_dsn, FOUR)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    main = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
+    other = psycopg2.connect(target_dsn)  # the other installation's run, on the target
+    other.autocommit = True
+    try:
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(hashtext('trailbound replicat:REP1'))")
+            capsys.readouterr()
+            assert main("replicat", "run", "REP1") == 1
+            assert "replicat REP1 is applying to this target from another process" in capsys.readouterr().err
+            assert main("alter", "replicat", "REP1", "extseqno", "1", "extrba", "0") == 1
+            assert checkpoint_row(target_dsn) is None and _orders(target_dsn) == {}
+            cur.execute("SELECT pg_advisory_unlock(hashtext('trailbound replicat:REP1'))")
+            assert main("replicat", "run", "REP1") == 0
+            assert _orders(target_dsn) == FOUR_APPLIED
+    finally:
+        other.close()
+
+
 # ---------------------------------------------------------------- crashes before the target commit
 
 def _crash(config_path, store, target_dsn, point: str, jvm) -> subprocess.CompletedProcess:

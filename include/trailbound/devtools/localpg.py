@@ -104,18 +104,31 @@ class LocalServer:
             self._run("initdb", "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
                       "--encoding=UTF8", "--no-locale", "--no-sync")
         if not self.is_running():
-            if not self.port_file.exists() or not _port_is_free(self.port):
+            self._start_on_a_free_port()
+        self._wait_ready()
+        self._create_databases()
+        return self
+
+    def _start_on_a_free_port(self, tries: int = 3) -> None:
+        # A port found free may be taken before the server binds it (by another server
+        # starting beside this one, or by a client socket's ephemeral port): then the
+        # start fails with "Address already in use", and another port is tried.
+        for attempt in range(tries):
+            if attempt or not self.port_file.exists() or not _port_is_free(self.port):
                 self.port_file.write_text(str(_free_port()))
                 if os.geteuid() == 0:
                     postgres = pwd.getpwnam("postgres")
                     os.chown(self.port_file, postgres.pw_uid, postgres.pw_gid)
+            logged = self.log_file.stat().st_size if self.log_file.exists() else 0
             result = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log_file),
                                "-o", f"-p {self.port} {_SERVER_OPTIONS} {self.options}".rstrip(), check=False)
-            if result.returncode != 0:
-                raise RuntimeError(f"PostgreSQL did not start; see {self.log_file}\n{result.stderr}")
-        self._wait_ready()
-        self._create_databases()
-        return self
+            if result.returncode == 0:
+                return
+            with self.log_file.open("rb") as log:
+                log.seek(logged)
+                if b"Address already in use" not in log.read():
+                    break
+        raise RuntimeError(f"PostgreSQL did not start; see {self.log_file}\n{result.stderr}")
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import psycopg2
+import psycopg2.errors
 from psycopg2 import sql
 
 from trailbound.archive import segments as archive_segments
@@ -33,7 +34,7 @@ from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.grouplock import GroupLock
+from trailbound.grouplock import CRASH_GRACE, GroupLock
 from trailbound.load import progress
 from trailbound.load.copy import SESSION, ChunkTask, copy_chunk
 from trailbound.load.windows import WATERMARK, WATERMARK_DDL, create_state
@@ -95,16 +96,21 @@ def run_load(spark, store: MetadataStore, config: Config, source: str, replicat:
 
 
 class _LoadLock:
-    """A session advisory lock on the metadata store for the block (refused if taken)."""
+    """A session advisory lock on the metadata store for the block, refused if another
+    process holds it. It waits CRASH_GRACE first, as GroupLock does: a load run again
+    right after one was killed must not be refused while the killed one's server
+    process has not yet noticed it is gone."""
 
     def __init__(self, store: MetadataStore, key: str, busy: str):
         self.store, self.key, self.busy = store, key, busy
 
     def __enter__(self):
-        with self.store.transaction() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (self.key,))
-            if not cur.fetchone()["got"]:
-                raise TrailboundError(self.busy)
+        try:
+            with self.store.transaction() as cur:
+                cur.execute("SET LOCAL lock_timeout = %s", (CRASH_GRACE,))
+                cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (self.key,))
+        except psycopg2.errors.LockNotAvailable:
+            raise TrailboundError(self.busy) from None
 
     def __exit__(self, *exc):
         if not self.store.connection.closed:

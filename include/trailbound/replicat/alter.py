@@ -13,7 +13,7 @@ from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
-from trailbound.replicat.run import ensure_group, group_lock, hold_target
+from trailbound.replicat.run import ensure_group, group_lock, hold_target, release_target
 from trailbound.trail import catalog
 
 _MAX_BIGINT = 2 ** 63 - 1
@@ -83,7 +83,7 @@ def reposition(store: MetadataStore, config: Config, group: str, words: list[str
                 row = ckt.read(cur, table_name, name)
             connection.commit()
         finally:
-            connection.close()
+            release_target(connection, name)
         checkpoint = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts)
         with store.transaction() as cur:
             ckpt.save(cur, state, checkpoint)

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import psycopg2
+import psycopg2.errors
 
 from trailbound import files as trailfs
 from trailbound import spark as spark_session
@@ -53,7 +54,7 @@ from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError, TrailError, changed_since_added
-from trailbound.grouplock import GroupBusy, GroupLock, lock_key
+from trailbound.grouplock import CRASH_GRACE, GroupBusy, GroupLock, lock_key
 from trailbound.load.windows import Windows
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
@@ -86,19 +87,38 @@ def group_lock(store: MetadataStore, group: str) -> GroupLock:
     return GroupLock(store, "replicat", group)
 
 
+def target_lock_key(group: str) -> str:
+    return f"trailbound {lock_key('replicat', group)}"
+
+
 def hold_target(connection, group: str) -> None:
-    # A few tries: the session of a run that has just ended keeps its lock until its
-    # server process has exited, which may be a moment after the client closed it.
-    for attempt in range(20):
+    """Holds the group on the target, for the session's life or until release_target.
+    Waits CRASH_GRACE first, as GroupLock does: a killed run's session keeps the lock
+    until its server process has noticed, a moment after the client went."""
+    try:
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (f"trailbound {lock_key('replicat', group)}",))
-            got = cur.fetchone()[0]
+            cur.execute("SET LOCAL lock_timeout = %s", (CRASH_GRACE,))
+            cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (target_lock_key(group),))
         connection.commit()
-        if got:
-            return
-        time.sleep(0.1)
-    if not got:
-        raise GroupBusy(f"replicat {group} is applying to this target from another process")
+    except psycopg2.errors.LockNotAvailable:
+        connection.rollback()
+        raise GroupBusy(f"replicat {group} is applying to this target from another process") from None
+
+
+def release_target(connection, group: str) -> None:
+    """Lets the group go on the target, then closes the session. Released first, not by
+    the close: the closed session's server process would hold the lock a moment longer,
+    and the next run or alter would wait for it."""
+    try:
+        if not connection.closed:
+            connection.rollback()  # whatever the run left uncommitted (an error) rolls back
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target_lock_key(group),))
+            connection.commit()
+    except psycopg2.Error:
+        pass  # a broken session: its server process lets the lock go as it ends
+    finally:
+        connection.close()
 
 
 # ---------------------------------------------------------------- group registry
@@ -597,4 +617,4 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                     "timings": {k: round(v, 3) for k, v in result.timings.items()}})
             return result
         finally:
-            connection.close()
+            release_target(connection, name)
