@@ -28,19 +28,18 @@ def lock_key(kind: str, group: str) -> str:
     return f"{kind}:{group.upper()}"
 
 
-class GroupLock:
-    """Holds `kind` group `group` while in the `with` block, or raises GroupBusy.
-    It waits `wait` (a PostgreSQL interval) for the lock first: the server frees a killed
-    process's lock only once its backend has noticed the connection is gone, and a rerun
-    right after a kill -9 must not be refused for that (seen on a loaded CI machine).
-    `wait=None` refuses at once."""
+class AdvisoryLock:
+    """Holds the session advisory lock `key` on the metadata store while in the `with`
+    block, or raises GroupBusy(`busy`). It waits `wait` (a PostgreSQL interval) for the
+    lock first: the server frees a killed process's lock only once its backend has noticed
+    the connection is gone, and a rerun right after a kill -9 must not be refused for that
+    (seen on a loaded CI machine). `wait=None` refuses at once."""
 
-    def __init__(self, store: MetadataStore, kind: str, group: str, *, wait: str | None = CRASH_GRACE):
-        self.store, self.kind, self.group, self.wait = store, kind, group.upper(), wait
-        self.key = lock_key(kind, group)
+    def __init__(self, store: MetadataStore, key: str, busy: str, *, wait: str | None = CRASH_GRACE):
+        self.store, self.key, self.busy, self.wait = store, key, busy, wait
 
     def __enter__(self):
-        busy = GroupBusy(f"{self.kind} {self.group} is held by a running {NOUNS[self.kind]}; try again when it ends")
+        busy = GroupBusy(self.busy)
         try:
             with self.store.transaction() as cur:
                 if self.wait:
@@ -60,9 +59,22 @@ class GroupLock:
                 cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
 
 
+class GroupLock(AdvisoryLock):
+    """Holds `kind` group `group` while in the `with` block, or raises GroupBusy."""
+
+    def __init__(self, store: MetadataStore, kind: str, group: str, *, wait: str | None = CRASH_GRACE):
+        group = group.upper()
+        super().__init__(store, lock_key(kind, group),
+                         f"{kind} {group} is held by a running {NOUNS[kind]}; try again when it ends", wait=wait)
+
+
 def is_running(store: MetadataStore, kind: str, group: str) -> bool:
     """Whether some process holds the group now (INFO's RUNNING / STOPPED)."""
-    key = lock_key(kind, group)
+    return is_held(store, lock_key(kind, group))
+
+
+def is_held(store: MetadataStore, key: str) -> bool:
+    """Whether some process holds the advisory lock `key` now (a peek: no wait)."""
     with store.transaction() as cur:
         cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (key,))
         got = cur.fetchone()["got"]

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from trailbound.grouplock import is_held
 from trailbound.metadata import MetadataStore
 
 
@@ -111,11 +112,7 @@ def describe_for_replicat(store: MetadataStore, replicat: str) -> list[str]:
     load = running(store, replicat)
     if load is None:
         return []
-    with store.transaction() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (load_lock_key(replicat),))
-        alive = not cur.fetchone()["got"]
-        if not alive:
-            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (load_lock_key(replicat),))
+    alive = is_held(store, load_lock_key(replicat))
     since = (datetime.now(timezone.utc) - load["started_at"]).total_seconds()
     how = (f"at the snapshot of {load['snapshot_lsn']}" if load["mode"] == "snapshot" else "between watermarks")
     lines = [f"Load in progress     load {load['load_id']} {how}, tables {load['table_pattern']}, started "

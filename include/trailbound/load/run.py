@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import psycopg2
-import psycopg2.errors
 from psycopg2 import sql
 
 from trailbound.archive import segments as archive_segments
@@ -34,7 +33,7 @@ from trailbound.archive.segments import load_defs
 from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.grouplock import CRASH_GRACE, GroupLock
+from trailbound.grouplock import AdvisoryLock, GroupLock
 from trailbound.load import progress
 from trailbound.load.copy import SESSION, ChunkTask, copy_chunk
 from trailbound.load.windows import WATERMARK, WATERMARK_DDL, create_state
@@ -91,31 +90,8 @@ def run_load(spark, store: MetadataStore, config: Config, source: str, replicat:
     target_dsn = target_dsn or dsn_from_env(config.target.dsn_env)
     load = _Load(spark, store, config, source, name, pattern, chunk_rows, say, source_dsn, target_dsn)
     busy = f"a load for replicat {name} is running; try again when it ends"
-    with _LoadLock(store, progress.load_lock_key(name), busy):
+    with AdvisoryLock(store, progress.load_lock_key(name), busy):
         return load.at_snapshot() if mode == "snapshot" else load.between_watermarks()
-
-
-class _LoadLock:
-    """A session advisory lock on the metadata store for the block, refused if another
-    process holds it. It waits CRASH_GRACE first, as GroupLock does: a load run again
-    right after one was killed must not be refused while the killed one's server
-    process has not yet noticed it is gone."""
-
-    def __init__(self, store: MetadataStore, key: str, busy: str):
-        self.store, self.key, self.busy = store, key, busy
-
-    def __enter__(self):
-        try:
-            with self.store.transaction() as cur:
-                cur.execute("SET LOCAL lock_timeout = %s", (CRASH_GRACE,))
-                cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (self.key,))
-        except psycopg2.errors.LockNotAvailable:
-            raise TrailboundError(self.busy) from None
-
-    def __exit__(self, *exc):
-        if not self.store.connection.closed:
-            with self.store.transaction() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.key,))
 
 
 class _Load:
