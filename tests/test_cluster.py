@@ -32,6 +32,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from process_kit import stop_process_groups
 from replicat_kit import differences, row_counts
 
 pytestmark = [pytest.mark.pg]
@@ -136,15 +137,7 @@ class Cluster:
         return sorted(p.name for p in self.work.iterdir() if p.name.startswith("app-"))
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(self.processes):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_groups(list(reversed(self.processes)), grace=30)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from process_kit import stop_process_groups
 from capture_kit import T0, ins, new_archive, rec
 from test_dags import REPO, VENV_BIN, AirflowWorld, free_port, start_api_server
 from trailbound import cli
@@ -111,13 +112,7 @@ class Airflow:
             raise
 
     def stop(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:  # exited already
-                pass
-        for process in self.processes:
-            process.wait(timeout=60)
+        stop_process_groups(self.processes)
 
 
 def browser(profile: Path):

@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg2.extensions
 import pytest
 
+from process_kit import stop_process_groups
 from capture_kit import T0, committed_trail, transactions
 from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
 from test_bounded_recovery import long_running_archive
@@ -444,8 +445,7 @@ def start_api_server(env: dict, log: Path) -> tuple[subprocess.Popen, int]:
         deadline = time.monotonic() + 240
         while server.poll() is None and not serving(log, port):
             if time.monotonic() > deadline:
-                os.killpg(server.pid, signal.SIGTERM)
-                server.wait(timeout=60)
+                stop_process_groups([server])
                 raise AssertionError(f"the API server did not bind port {port}:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
         if server.poll() is None:
@@ -510,10 +510,7 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
                 break
             time.sleep(5)
     finally:
-        for server in servers:
-            os.killpg(server.pid, signal.SIGTERM)
-        for server in servers:
-            server.wait(timeout=60)
+        stop_process_groups(servers)
     assert states == ["success"] * 2, (backfilled / "scheduler.log").read_text()[-3000:]
     assert sorted(run["logical_date"][:19] for run in runs) == [
         (T0 + timedelta(hours=h)).isoformat()[:19] for h in range(2)], "one run per interval"
