@@ -304,8 +304,12 @@ class AirflowWorld:
 
     def close(self) -> None:
         if self._runner is not None:
-            self._runner.stdin.close()
-            self._runner.wait(timeout=60)
+            self._runner.stdin.close()  # it ends at the end of its input
+            try:
+                self._runner.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # slow to end is not what a test asserts
+                self._runner.kill()
+                self._runner.wait()
             self._runner = None
 
 
