@@ -11,9 +11,9 @@ import subprocess
 def stop_process_groups(processes: list[subprocess.Popen], grace: float = 60) -> None:
     """SIGTERM to every group, then up to `grace` seconds for each leader to exit; what is
     still running after that (a leader that did not exit, or children it left) is killed.
-    A server that is slow to shut down is not what a test asserts: a scheduler may wait on
-    its executor's task processes well past a minute on a loaded machine, and a test must
-    neither fail there nor leave it running for the next one."""
+    A server that is slow to shut down is not what a test asserts (an Airflow scheduler
+    once took over a minute to exit in CI, its runs done): a test must neither fail there
+    nor leave it running for the next one."""
     for process in processes:
         _signal_group(process, signal.SIGTERM)
     for process in processes:

@@ -9,9 +9,7 @@ our plugin), scheduler and triggerer on 127.0.0.1 and
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import time
@@ -22,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from process_kit import stop_process_groups
 from capture_kit import T0, ins, new_archive, rec
+from process_kit import stop_process_groups
 from test_dags import REPO, VENV_BIN, AirflowWorld, free_port, start_api_server
 from trailbound import cli
 

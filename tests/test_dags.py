@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -20,9 +19,9 @@ from pathlib import Path
 import psycopg2.extensions
 import pytest
 
-from process_kit import stop_process_groups
 from capture_kit import T0, committed_trail, transactions
 from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
+from process_kit import stop_process_groups
 from test_bounded_recovery import long_running_archive
 from trailbound import cli
 from trailbound import config as configuration

@@ -32,7 +32,9 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
+from trailbound.grouplock import AdvisoryLock
 from trailbound.load.progress import load_lock_key
+from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
 from trailbound.pump.run import run_pump
 from trailbound.replicat.run import run_replicat
@@ -175,16 +177,10 @@ def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, ta
         info = capsys.readouterr().out
         assert "Load in progress" in info and "no process holds it" in info and "public.orders" in info
 
-        other = psycopg2.connect(metadata_dsn)  # a load of the group running elsewhere: refused
-        other.autocommit = True
-        try:
-            with other.cursor() as cur:
-                cur.execute("SELECT pg_advisory_lock(hashtext(%s))", (load_lock_key("REP1"),))
-                assert _run(config_path, "load", "PG", "REP1", "--table", "public.orders", "--mode", "watermark") == 1
-                assert "a load for replicat REP1 is running" in capsys.readouterr().err
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (load_lock_key("REP1"),))
-        finally:
-            other.close()
+        # A load of the group running elsewhere (holding its lock, on a session of its own): refused.
+        with MetadataStore.open(metadata_dsn) as other, AdvisoryLock(other, load_lock_key("REP1"), "held", wait=None):
+            assert _run(config_path, "load", "PG", "REP1", "--table", "public.orders", "--mode", "watermark") == 1
+            assert "a load for replicat REP1 is running" in capsys.readouterr().err
         assert _run(config_path, "load", "PG", "REP1", "--table", "public.orders", "--mode", "watermark",
                     "--chunk-rows", "5000") == 0
         out = capsys.readouterr().out

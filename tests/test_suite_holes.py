@@ -26,7 +26,7 @@ from trailbound.crash import CRASH_ENV
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import target as tgt
 from trailbound.replicat.parallel import ParallelApply
-from trailbound.replicat.run import run_replicat
+from trailbound.replicat.run import hold_target, release_target, run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
@@ -95,20 +95,17 @@ def test_a_group_applying_to_the_target_from_another_metadata_store_is_refused_t
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
     main = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
     other = psycopg2.connect(target_dsn)  # the other installation's run, on the target
-    other.autocommit = True
+    hold_target(other, "REP1")
     try:
-        with other.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(hashtext('trailbound replicat:REP1'))")
-            capsys.readouterr()
-            assert main("replicat", "run", "REP1") == 1
-            assert "replicat REP1 is applying to this target from another process" in capsys.readouterr().err
-            assert main("alter", "replicat", "REP1", "extseqno", "1", "extrba", "0") == 1
-            assert checkpoint_row(target_dsn) is None and _orders(target_dsn) == {}
-            cur.execute("SELECT pg_advisory_unlock(hashtext('trailbound replicat:REP1'))")
-            assert main("replicat", "run", "REP1") == 0
-            assert _orders(target_dsn) == FOUR_APPLIED
+        capsys.readouterr()
+        assert main("replicat", "run", "REP1") == 1
+        assert "replicat REP1 is applying to this target from another process" in capsys.readouterr().err
+        assert main("alter", "replicat", "REP1", "extseqno", "1", "extrba", "0") == 1
+        assert checkpoint_row(target_dsn) is None and _orders(target_dsn) == {}
     finally:
-        other.close()
+        release_target(other, "REP1")
+    assert main("replicat", "run", "REP1") == 0
+    assert _orders(target_dsn) == FOUR_APPLIED
 
 
 # ---------------------------------------------------------------- crashes before the target commit
