@@ -212,6 +212,13 @@ def delete_source(ctx: Context) -> int:
     return 0
 
 
+def alter_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import accept_gap
+
+    print(accept_gap(ctx.config, ctx.args.source))
+    return 0
+
+
 def load(ctx: Context) -> int:
     from trailbound.load.run import run_load
 
@@ -709,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("info", info_extract, "status and checkpoints (INFO EXTRACT ... SHOWCH)")):
         overview = {"add": "add an extract or pump group, or the checkpoint table (ADD ...)",
                     "delete": "delete an extract's or pump's checkpoints (DELETE ...)",
-                    "alter": "reposition an extract or a replicat (ALTER ...)",
+                    "alter": "reposition an extract or a replicat, or accept a lost slot's gap (ALTER ...)",
                     "info": "status and checkpoints: all, extract, pump, replicat, retention (INFO ...)"}[word]
         sub = kinds[word] = verbs.add_parser(word, help=overview).add_subparsers(dest="kind", required=True,
                                                                                  metavar="KIND")
@@ -742,6 +749,8 @@ def build_parser() -> argparse.ArgumentParser:
     for word, handler, text in (("add", add_source, "a PostgreSQL source: create its publication and slot "
                                                     "(pgoutput), write defs.json"),
                                 ("delete", delete_source, "drop a PostgreSQL source's slot and publication"),
+                                ("alter", alter_source, "accept a gap in a PostgreSQL source's log (its slot was "
+                                                        "lost): alter source S --accept-gap"),
                                 ("info", info_source, "a PostgreSQL source's slot lag, confirmed LSN, last "
                                                       "segment, open streamed transactions")):
         command = verb(kinds[word], "source", handler, text)
@@ -750,6 +759,11 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--refresh-defs", action="store_true",
                                  help="keep the slot; rewrite defs.json and the publication's tables from the "
                                       "catalog (after an ALTER TABLE, see docs/live-postgres.md)")
+        if word == "alter":
+            command.add_argument("--accept-gap", action="store_true", required=True,
+                                 help="your consent: the changes between the archive's end and where the slot "
+                                      "resumes are lost; the slot is made again if it is gone (then load the "
+                                      "tables again; docs/live-postgres.md, \"When the slot is lost\")")
 
     pump = verbs.add_parser("pump", help="pump runs (trail shipping)").add_subparsers(dest="action", required=True,
                                                                                      metavar="ACTION")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 
 import psycopg2
 from psycopg2 import sql
@@ -22,6 +22,7 @@ from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import utc
 from trailbound.metadata import connection_error, dsn_from_env
+from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
 from trailbound.sources.postgres.reader import session_options
@@ -197,6 +198,55 @@ def delete_source(config: Config, name: str) -> str:
             f"(a new `add source` starts a new archive in an empty directory)")
 
 
+def accept_gap(config: Config, name: str) -> str:
+    """`alter source S --accept-gap`: the user's consent to a gap continuity.py refused.
+    The slot is made again if it is gone or invalidated; the archive gets one segment
+    spanning the gap (miner.archive_gap) and remembers it; the next pull reads on from
+    where the slot resumes. The target misses the gap's changes until the tables are
+    loaded again."""
+    from trailbound.sources.postgres.miner import archive_gap
+
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    archive = config.archive_dir(source)
+    end = Lsn(miner_state.load(archive).next_scn)
+    connection = connect(config, source)
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT current_database()")
+            (database,), = cur.fetchall()
+            slot = continuity.read_slot(cur, pg.slot)
+            gap = continuity.find_gap(pg.slot, slot, end, database)
+            if gap is None:
+                return (f"SOURCE {source}: slot {pg.slot} resumes at {slot.confirmed}, within the archive (which ends "
+                        f"at {end}): there is no gap to accept")
+            if slot is not None and slot.active_pid is not None:
+                raise TrailboundError(f"source {source}: slot {pg.slot} is in use by server process "
+                                      f"{slot.active_pid}; try again when it ends")
+            if gap.reason == "foreign":
+                raise TrailboundError(f"source {source}: {gap.describe()}; it may be another tool's: drop it "
+                                      "yourself if it is not in use, or name another slot, then run this again")
+            if gap.reason == "invalidated":
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (pg.slot,))
+            if gap.reason in ("gone", "invalidated"):
+                cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (pg.slot,))
+                resume = Lsn.parse(cur.fetchone()[0])
+            else:
+                resume = slot.confirmed
+            cur.execute("SELECT now()")
+            (now,), = cur.fetchall()
+    finally:
+        connection.close()
+    state = archive_gap(archive, resume, gap.reason, now.astimezone(UTC))
+    made = f"slot {pg.slot} created again at {resume}; " if gap.reason in ("gone", "invalidated") else ""
+    closed = state.gaps[-1]["closed"]
+    return (f"SOURCE {source}: gap accepted: {made}LSN {end}..{resume} is not in the archive (segment "
+            f"{state.sequence} spans it"
+            + (f"; {len(closed)} open streamed transaction(s) closed as rolled back" if closed else "")
+            + f"). The target misses the changes in the gap: load the tables again (`trailbound load {source} "
+            "REPLICAT --mode watermark`, docs/initial-load.md)")
+
+
 @dataclass(frozen=True)
 class SlotLag:
     """How far a source's archive is behind its server (`info source`, the console)."""
@@ -214,6 +264,9 @@ class SlotLag:
     behind_seconds: float | None = None  # the server's clock minus the archive's last next_time
     open_streamed: dict | None = None  # xid -> the miner's state of an open streamed transaction
     start_scn: int | None = None       # where the archive starts when it has no segment yet
+    wal_status: str | None = None      # reserved | extended | unreserved | lost (pg_replication_slots)
+    gap: continuity.Gap | None = None  # why the slot cannot continue the archive, if it cannot
+    gaps: tuple = ()                   # the gaps accepted so far (miner state)
 
 
 def slot_lag(config: Config, name: str, dsn: str | None = None) -> SlotLag:
@@ -222,8 +275,14 @@ def slot_lag(config: Config, name: str, dsn: str | None = None) -> SlotLag:
     source = config.source_name(name)
     pg = config.postgres(source)
     archive = config.archive_dir(source)
+    state = miner_state.load(archive)
     connection = connect(config, source, dsn)
     try:
+        with connection.cursor() as cur:
+            slot = continuity.read_slot(cur, pg.slot)
+            cur.execute("SELECT current_database()")
+            (database,), = cur.fetchall()
+        gap = continuity.find_gap(pg.slot, slot, Lsn(state.next_scn), database)
         rows = _query(connection, "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid,"
                                   " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
                                   " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
@@ -232,14 +291,14 @@ def slot_lag(config: Config, name: str, dsn: str | None = None) -> SlotLag:
     finally:
         connection.close()
     if not rows:
-        return SlotLag(source, pg.slot, False)
+        return SlotLag(source, pg.slot, False, gap=gap, gaps=tuple(state.gaps), start_scn=state.next_scn)
     confirmed, restart, pid, lag, held, current, now = rows[0]
-    state = miner_state.load(archive)
     segments = [s for s in archive_segments.discover(archive) if s.thread == miner_state.THREAD] \
         if archive.is_dir() else []
     last = segments[-1] if segments else None
     return SlotLag(source, pg.slot, True, confirmed, restart, current, pid, lag, held, last,
-                   (now - last.next_time).total_seconds() if last else None, state.open_streamed(), state.next_scn)
+                   (now - last.next_time).total_seconds() if last else None, state.open_streamed(), state.next_scn,
+                   slot.wal_status if slot else None, gap, tuple(state.gaps))
 
 
 def describe_source(config: Config, name: str) -> str:
@@ -247,9 +306,18 @@ def describe_source(config: Config, name: str) -> str:
     pg = config.postgres(source)
     lag = slot_lag(config, source)
     lines = [f"SOURCE {source}   slot {pg.slot}, publication {pg.publication}, archive {config.archive_dir(source)}"]
+    if lag.gap is not None:
+        lines.append(f"  GAP: {lag.gap.describe()}; pulls refuse until `trailbound alter source {source} "
+                     f"--accept-gap` ({continuity.RUNBOOK})")
+    for gap in lag.gaps:
+        lines.append(f"  Gap accepted {gap['accepted'][:19]}Z: LSN {gap['from']}..{gap['to']} ({gap['reason']}) is "
+                     f"not in the archive (segment {gap['segment']})")
     if not lag.exists:
-        lines.append(f"  Slot: missing (`trailbound add source {source}` creates it)")
+        lines.append("  Slot: missing")
         return "\n".join(lines)
+    if lag.wal_status == "unreserved":
+        lines.append("  Slot at risk:   wal_status unreserved: the WAL it keeps is past max_slot_wal_keep_size; the "
+                     "next checkpoint may invalidate it (pull now)")
     lines.append(f"  Confirmed LSN:  {lag.confirmed}   restart LSN {lag.restart}   server WAL at {lag.current}   "
                  + (f"in use by process {lag.active_pid}" if lag.active_pid else "idle"))
     lines.append(f"  Slot lag:       {lag.lag_bytes} bytes not yet archived; {lag.held_bytes} bytes of WAL held on "

@@ -30,6 +30,7 @@ from trailbound.archive.writer import encode_json, from_micros, to_micros, write
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
 from trailbound.metadata import connection_error
+from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
@@ -359,6 +360,12 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
             if state.slot != slot:
                 raise TrailboundError(f"{archive}: this archive was written from slot {state.slot!r}, the "
                                       f"configuration names slot {slot!r}")
+            archive_end = Lsn(state.next_scn)
+            # Before anything is read, and again once the slot is ours (no one can drop or
+            # advance it while this session holds it): never a silent gap.
+            continuity.refuse_gap(source, slot, reader.slot_state(), archive_end, reader.database)
+            reader.start()
+            continuity.refuse_gap(source, slot, reader.at_start, archive_end, reader.database)
             until = reader.wal_position()
             started = datetime.now(UTC)
             types: dict[tuple[int, int], str] = {}
@@ -368,7 +375,6 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
                     types[oid, modifier] = reader.query("SELECT format_type(%s, %s)", (oid, modifier))[0][0]
                 return types[oid, modifier]
 
-            reader.start()
             if reader.confirmed_at_start is not None:
                 state.forget_ended_before(reader.confirmed_at_start.value)
             miner = Miner(archive, defs, limits, state, type_name, result)
@@ -390,6 +396,26 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
                               f"{' '.join((exc.pgerror or str(exc)).split())}; the next pull reads again "
                               "from the slot's confirmed position") from None
     return result
+
+
+def archive_gap(archive: Path, resume: Lsn, reason: str, now: datetime) -> miner_state.MinerState:
+    """A gap the user accepted, written into the archive: one segment from the archive's
+    end to where the slot now resumes, so that segments still follow each other. It holds
+    a ROLLBACK for each streamed transaction still open: the rest of it, and its outcome,
+    fell in the gap (a new load of the tables brings the truth). The gap is kept in the
+    miner's state; the state is written before the manifest, as for any segment."""
+    state = miner_state.load(archive)
+    if resume.value <= state.next_scn:
+        raise TrailboundError(f"{archive}: the archive already reaches LSN {Lsn(state.next_scn)}, past {resume}")
+    start = Lsn(state.next_scn)
+    miner = Miner(archive, {}, Limits(), state, lambda oid, modifier: "", PullResult(""))
+    closed = sorted(state.open_streamed())
+    for xid in closed:
+        miner._end(xid, "ROLLBACK", start.value, to_micros(now))
+    state.gaps.append({"from": str(start), "to": str(resume), "segment": state.sequence + 1, "reason": reason,
+                       "accepted": now.astimezone(UTC).isoformat(), "closed": closed})
+    miner.cut(resume.value, now)
+    return state
 
 
 def _close(miner: Miner, reader: SlotReader, result: PullResult, now: datetime) -> None:

@@ -32,6 +32,7 @@ import psycopg2.extras
 
 from trailbound.errors import TrailboundError
 from trailbound.sources.postgres import decoder
+from trailbound.sources.postgres.continuity import SlotState, read_slot
 from trailbound.sources.postgres.lsn import Lsn
 
 SESSION_OPTIONS = {
@@ -67,10 +68,6 @@ class Received(NamedTuple):
     message: decoder.DecodedMessage
 
 
-class SlotGone(TrailboundError):
-    pass
-
-
 class SlotReader:
     """One pull's replication connection to a pgoutput slot, and a plain SQL connection
     beside it for positions and the slot's state."""
@@ -82,13 +79,15 @@ class SlotReader:
         self.replication = None
         self.cursor = None
         self.safe = None            # the highest position everything before which was received
-        self.confirmed_at_start = None
+        self.at_start: SlotState | None = None  # the slot once streaming started (held by us: it cannot change)
+        self.database = None
 
     # ---------------------------------------------------------------- connections
 
     def __enter__(self) -> "SlotReader":
         self.sql = psycopg2.connect(self.dsn, options=session_options())
         self.sql.autocommit = True
+        (self.database,), = self.query("SELECT current_database()")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -122,24 +121,19 @@ class SlotReader:
             flushed, inserted = cur.fetchone()
             return min(Lsn.parse(flushed), Lsn.parse(inserted))
 
-    def slot_state(self) -> dict | None:
-        rows = self.query("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active_pid"
-                          " FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
-        if not rows:
-            return None
-        plugin, database, confirmed, restart, pid = rows[0]
-        return {"plugin": plugin, "database": database, "active_pid": pid,
-                "confirmed_flush": Lsn.parse(confirmed) if confirmed else None,
-                "restart": Lsn.parse(restart) if restart else None}
+    def slot_state(self) -> SlotState | None:
+        with self.sql.cursor() as cur:
+            return read_slot(cur, self.slot)
+
+    @property
+    def confirmed_at_start(self) -> Lsn | None:
+        return self.at_start.confirmed if self.at_start else None
 
     def start(self, wait_for_slot: float = 15.0) -> None:
         """Open the replication connection and start streaming from the slot's confirmed
-        position. A slot still held by a killed pull's server process is waited for."""
-        state = self.slot_state()
-        if state is None:
-            raise SlotGone(f"replication slot {self.slot!r} does not exist on the source: "
-                           "`trailbound add source` creates it")
-        self.confirmed_at_start = state["confirmed_flush"]
+        position. A slot still held by a killed pull's server process is waited for.
+        `at_start` is then the slot as it is while this session holds it (None: there is
+        no such slot); the caller checks it before reading anything (continuity.py)."""
         deadline = time.monotonic() + wait_for_slot
         while True:
             self.replication = psycopg2.connect(
@@ -150,7 +144,11 @@ class SlotReader:
                 self.cursor.start_replication(
                     slot_name=self.slot, decode=False, start_lsn=0, status_interval=_NEVER,
                     options={"proto_version": "2", "publication_names": self.publication, "streaming": "on"})
-                return
+                break
+            except psycopg2.errors.UndefinedObject:
+                self.replication.close()
+                self.replication = self.cursor = None
+                return  # no such slot: at_start stays None
             except psycopg2.errors.ObjectInUse:
                 # "replication slot ... is active for PID n": a killed pull's walsender has
                 # not noticed its client is gone yet.
@@ -159,6 +157,7 @@ class SlotReader:
                     raise TrailboundError(f"replication slot {self.slot!r} is in use by another process "
                                           f"(is another pull running?)") from None
                 time.sleep(0.3)
+        self.at_start = self.slot_state()
 
     # ---------------------------------------------------------------- reading
 
@@ -219,7 +218,7 @@ class SlotReader:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.slot_state()
-            if state and state["confirmed_flush"] is not None and state["confirmed_flush"] >= position:
+            if state and state.confirmed is not None and state.confirmed >= position:
                 return True
             self.cursor.read_message()  # keep the stream drained while the server catches up
             time.sleep(0.05)

@@ -54,10 +54,14 @@ class MinerState:
     next_time: datetime
     slot: str
     txns: dict[int, Txn] = field(default_factory=dict)
+    # Gaps the user accepted (`alter source --accept-gap`), oldest first: {"from", "to"
+    # (LSNs, X/Y), "segment", "accepted" (UTC time), "reason", "closed" (xids)}. Carried into
+    # every later state, so `info source` shows them as long as the archive exists.
+    gaps: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"sequence": self.sequence, "next_scn": self.next_scn, "next_time": format_time(self.next_time),
-                "slot": self.slot,
+                "slot": self.slot, "gaps": self.gaps,
                 # In the order the transactions were first seen: sorting 100,000s of them for
                 # every segment cost a pull 2% (and xids wrap around: their order says little).
                 "txns": {str(xid): vars(txn) for xid, txn in self.txns.items()}}
@@ -65,7 +69,8 @@ class MinerState:
     @classmethod
     def from_json(cls, document: dict) -> "MinerState":
         return cls(document["sequence"], document["next_scn"], datetime.fromisoformat(document["next_time"]),
-                   document["slot"], {int(xid): Txn(**txn) for xid, txn in document["txns"].items()})
+                   document["slot"], {int(xid): Txn(**txn) for xid, txn in document["txns"].items()},
+                   document.get("gaps", []))
 
     def open_streamed(self) -> dict[int, Txn]:
         return {xid: txn for xid, txn in self.txns.items() if txn.ended is None}
