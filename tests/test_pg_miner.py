@@ -239,3 +239,57 @@ def test_streamed_records_carry_the_send_time_in_utc_across_a_dst_fall_back(arch
         monkeypatch.delenv("TZ")
         time.tzset()
     assert [r["ts"] for r in _records(archive)] == sent
+
+
+def _tuple_bytes(values) -> bytes:
+    """pgoutput TupleData: None as 'n', d.UNCHANGED as 'u', text as 't' with its length."""
+    import struct
+
+    out = struct.pack("!h", len(values))
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value is d.UNCHANGED:
+            out += b"u"
+        else:
+            raw = value.encode()
+            out += b"t" + struct.pack("!i", len(raw)) + raw
+    return out
+
+
+def test_the_pulls_fast_json_images_are_the_typed_paths_text_value_by_value():
+    """rowjson (the pull's hot path: tuple bytes straight to JSON) writes exactly what the
+    decoder's values through values.converter and encode_json write, for every kind of
+    value: escapes, control characters, non-ASCII, floats PostgreSQL and Python spell
+    differently, NaN and infinities, NULL, unchanged TOAST, keys of a subset of columns."""
+    from trailbound.sources.postgres import rowjson
+    from trailbound.sources.postgres.miner import _image, _Relation
+    from trailbound.sources.postgres.values import converter
+
+    columns = (("id", 20), ("Body \"Text\"", 25), ("ratio", 701), ("ok", 16), ("n", 1700), ("small", 21),
+               ("r4", 700), ("doc", 3802), ("é", 25))
+    names, oids = tuple(n for n, _ in columns), tuple(o for _, o in columns)
+    key = (0, 5)
+    relation = _Relation("s.t", names, tuple(converter(o) for o in oids), key,
+                         rowjson.RowJson(names, oids, key))
+    rows = [
+        ("1", "plain", "0.1", "t", "12.500", "-3", "1.5e-07", '{"a": [1, "b"]}', "x"),
+        ("-9223372036854775808", 'quote " and \\ back\\slash', "100000", "f", "NaN", "0", "Infinity",
+         "[]", "tab\there\nline\r\x01\x1f end"),
+        ("42", "héllo ✓ 𝄞", "-Infinity", "t", "-0.0001", "32767", "-0", '"s"', "\u2028\u2029\x7f"),
+        ("7", None, None, None, None, None, None, None, None),
+        ("8", d.UNCHANGED, "1e+100", "f", d.UNCHANGED, "1", "3.4028235e+38", d.UNCHANGED, ""),
+    ]
+    for values in rows:
+        data = b"pad" + _tuple_bytes(values)
+        pieces, at = relation.json.pieces(data, 3)
+        assert at == len(data)
+        assert rowjson.image(pieces) == relation.image(values)
+        assert rowjson.key_image(pieces, key) == relation.key_image(values)
+        assert json.loads(rowjson.image(pieces)) == json.loads(_image(names, relation.convert, values))
+    insert = b"I" + (100).to_bytes(4, "big") + b"N" + _tuple_bytes(rows[1])
+    kind, _, oid, _, _, new = d.row_change(insert, False, {100: relation.json.pieces})
+    assert (kind, oid, rowjson.image(new)) == (ord("I"), 100, relation.image(rows[1]))
+    for cut in (3, 20):
+        with pytest.raises(d.DecodeError, match="message ends early|runs past the message end"):
+            d.row_change(insert[:-cut], False, {100: relation.json.pieces})

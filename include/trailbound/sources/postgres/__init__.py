@@ -5,8 +5,10 @@
                  feedback only when told what is durable
     miner.py     messages -> archive records and segments, then confirms the slot
     values.py    pgoutput's text values -> the archive's JSON values
+    rowjson.py   the pull's hot path: a row change's tuple bytes straight to its JSON images
+    continuity.py  is the slot still the archive's own: a gap (slot lost) is refused
     state.py     what the miner remembers to archive re-sent changes once
-    admin.py     add / delete / info source: publication, slot, defs.json from the catalog
+    admin.py     add / delete / alter / info source: publication, slot, defs.json from the catalog
     lsn.py       Lsn, the WAL position type
 
 docs/live-postgres.md describes set-up, commands and semantics.

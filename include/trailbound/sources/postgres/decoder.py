@@ -169,7 +169,7 @@ DecodedMessage = (Begin | Commit | Origin | Relation | Type | Insert | Update | 
                   | StreamStart | StreamStop | StreamCommit | StreamAbort)
 
 
-_ROW_CHANGES = frozenset(b"IUD")
+ROW_CHANGES = frozenset(b"IUD")  # the first byte of INSERT, UPDATE, DELETE
 
 
 def pg_time(micros: int) -> datetime:
@@ -205,6 +205,57 @@ def _tuple(data, at: int) -> tuple[tuple[Value, ...], int]:
     except (struct.error, IndexError):
         raise DecodeError(f"message ends early at byte {at}") from None
     return tuple(values), at
+
+
+class _Values:
+    """Every relation's tuples read as typed values."""
+
+    def __getitem__(self, oid: int):
+        return _tuple
+
+
+_values = _Values()
+
+
+def row_change(data: bytes, in_stream: bool, readers):
+    """INSERT, UPDATE or DELETE (one per row changed, so framed from the bytes directly):
+    (kind byte, xid or None, relation oid, old tuple's kind byte ('K' key, 'O' row) or None,
+    old tuple, new tuple), each tuple read by `readers[oid](data, at)` -> (tuple, the
+    position after it): typed values (Decoder) or the archive's JSON (rowjson.py)."""
+    kind, at = data[0], 1
+    old_kind = old = new = None
+    try:
+        if in_stream:
+            xid, oid = _XID_OID.unpack_from(data, at)
+            at += 8
+        else:
+            xid, (oid,) = None, _OID.unpack_from(data, at)
+            at += 4
+        part = data[at]
+        at += 1
+        if kind == 0x49:  # 'I'
+            if part != _NEW:
+                raise DecodeError("INSERT without its new tuple ('N')")
+            new, at = readers[oid](data, at)
+        elif kind == 0x55:  # 'U'
+            if part == _OLD_KEY or part == _OLD_ROW:
+                old_kind = part
+                old, at = readers[oid](data, at)
+                part = data[at]
+                at += 1
+            if part != _NEW:
+                raise DecodeError(f"UPDATE: expected the new tuple ('N'), found {chr(part)!r}")
+            new, at = readers[oid](data, at)
+        else:  # 'D'
+            if part != _OLD_KEY and part != _OLD_ROW:
+                raise DecodeError(f"DELETE: expected the old key ('K') or row ('O'), found {chr(part)!r}")
+            old_kind = part
+            old, at = readers[oid](data, at)
+    except (struct.error, IndexError):
+        raise DecodeError(f"message ends early at byte {at}") from None
+    if at != len(data):
+        raise DecodeError(f"{len(data) - at} unexpected byte(s) after the message at byte {at}")
+    return kind, xid, oid, old_kind, old, new
 
 
 class _Buffer:
@@ -279,7 +330,7 @@ class Decoder:
         if not data:
             raise DecodeError("empty message")
         kind = data[0]
-        if kind in _ROW_CHANGES:
+        if kind in ROW_CHANGES:
             return self._row_change(data)
         # BEGIN and COMMIT, one each per transaction, have a fixed size: one unpack. Any
         # other size takes the general path, which names the byte where it goes wrong.
@@ -296,44 +347,12 @@ class Decoder:
         return message
 
     def _row_change(self, data: bytes) -> Insert | Update | Delete:
-        """INSERT, UPDATE or DELETE: one per row changed, so decoded from the bytes
-        directly rather than through a _Buffer."""
-        kind, at = data[0], 1
-        try:
-            if self.in_stream:
-                xid, oid = _XID_OID.unpack_from(data, at)
-                at += 8
-            else:
-                xid, (oid,) = None, _OID.unpack_from(data, at)
-                at += 4
-            part = data[at]
-            at += 1
-            if kind == 0x49:  # 'I'
-                if part != _NEW:
-                    raise DecodeError("INSERT without its new tuple ('N')")
-                new, at = _tuple(data, at)
-                message = Insert(xid, oid, new)
-            elif kind == 0x55:  # 'U'
-                old_kind = old = None
-                if part == _OLD_KEY or part == _OLD_ROW:
-                    old_kind = chr(part)
-                    old, at = _tuple(data, at)
-                    part = data[at]
-                    at += 1
-                if part != _NEW:
-                    raise DecodeError(f"UPDATE: expected the new tuple ('N'), found {chr(part)!r}")
-                new, at = _tuple(data, at)
-                message = Update(xid, oid, old_kind, old, new)
-            else:  # 'D'
-                if part != _OLD_KEY and part != _OLD_ROW:
-                    raise DecodeError(f"DELETE: expected the old key ('K') or row ('O'), found {chr(part)!r}")
-                old, at = _tuple(data, at)
-                message = Delete(xid, oid, chr(part), old)
-        except (struct.error, IndexError):
-            raise DecodeError(f"message ends early at byte {at}") from None
-        if at != len(data):
-            raise DecodeError(f"{len(data) - at} unexpected byte(s) after the message at byte {at}")
-        return message
+        kind, xid, oid, old_kind, old, new = row_change(data, self.in_stream, _values)
+        if kind == 0x49:  # 'I'
+            return Insert(xid, oid, new)
+        if kind == 0x55:  # 'U'
+            return Update(xid, oid, old_kind and chr(old_kind), old, new)
+        return Delete(xid, oid, chr(old_kind), old)
 
     def _xid(self, buf: _Buffer) -> int | None:
         return buf.uint32() if self.in_stream else None

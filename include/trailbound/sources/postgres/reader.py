@@ -52,10 +52,11 @@ def session_options(extra: dict[str, str] | None = None) -> str:
     return " ".join(f"-c {name}={value}" for name, value in settings.items())
 
 
-# The messages that open and close what is sent of a transaction: between a close and the
-# next open the stream is at a transaction boundary.
-_OPENS = frozenset({decoder.Begin, decoder.StreamStart})
-_CLOSES = frozenset({decoder.Commit, decoder.StreamStop})
+# The messages that open and close what is sent of a transaction (by their type byte: Begin,
+# Stream Start; Commit, Stream Stop): between a close and the next open the stream is at a
+# transaction boundary.
+_OPENS = frozenset(b"BS")
+_CLOSES = frozenset(b"CE")
 
 
 class Received(NamedTuple):
@@ -161,17 +162,18 @@ class SlotReader:
 
     # ---------------------------------------------------------------- reading
 
-    def messages(self, until: Lsn, *, patience: float = 60.0) -> Iterator[Received]:
-        """Decoded messages up to `until`: stops at the first transaction boundary where
-        the server has sent everything before `until`. `self.safe` is then the position
-        the slot may be confirmed to once everything yielded is durable. Stops early,
-        at a boundary, if nothing arrives for `patience` seconds."""
-        decoding = decoder.Decoder()
+    def messages(self, until: Lsn, *, patience: float = 60.0) -> Iterator[tuple[int, datetime, bytes]]:
+        """The messages up to `until`, as sent: (their WAL position, when the server sent
+        them, the pgoutput bytes); the caller decodes them. Stops at the first transaction
+        boundary where the server has sent everything before `until`. `self.safe` is then
+        the position the slot may be confirmed to once everything yielded is durable.
+        Stops early, at a boundary, if nothing arrives for `patience` seconds."""
         boundary = True
         idle_since = None  # when read_message last found nothing, after the last message
         self._mark_boundary()
+        read = self.cursor.read_message
         while True:
-            raw = self.cursor.read_message()
+            raw = read()
             if raw is None:
                 if boundary:
                     self._mark_boundary()
@@ -185,17 +187,17 @@ class SlotReader:
                 select.select([self.cursor], [], [], 0.2)
                 continue
             idle_since = None  # (no clock read per message: a pull reads millions)
-            message = decoding.decode(raw.payload)
-            kind = type(message)
+            payload = raw.payload
+            kind = payload[0] if payload else 0
             if kind in _OPENS:
                 boundary = False
             elif kind in _CLOSES:
                 boundary = True
-            yield Received(Lsn(raw.data_start), raw.send_time, message)
+            yield raw.data_start, raw.send_time, payload
             if boundary:
                 self._mark_boundary()
-            if boundary and self.safe is not None and self.safe >= until:
-                return
+                if self.safe is not None and self.safe >= until:
+                    return
 
     def _mark_boundary(self) -> None:
         # Called between transactions only. There, the server's WAL end (the last
