@@ -11,9 +11,8 @@ covers (GGSCI's "Lag at Chkpt"); time since checkpoint = now minus the checkpoin
 time. Transaction ages are log time (the read position's time minus the start's), as
 WARNLONGTRANS measures them, so a backfill reports what a live run would.
 
-Status: RUNNING while a process holds the group (trailbound.grouplock); ABENDED when the
-group's last run failed, or died without recording an outcome (trailbound.runlog), until
-a run succeeds; STOPPED otherwise.
+Status: RUNNING, STOPPED or ABENDED, the rule of trailbound.runlog (run_state), which
+INFO EXTRACT|PUMP|REPLICAT's header applies too.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from fnmatch import fnmatchcase
 
 from trailbound import runlog
 from trailbound.config import Config
-from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
 
@@ -44,17 +42,6 @@ class GroupStatus:
     since_checkpoint: timedelta | None
     last_started: datetime | None = None
     error: str | None = None         # ABENDED: what the last run said
-    error_time: datetime | None = None
-    last_run: runlog.RunOutcome | None = None
-
-
-@dataclass(frozen=True)
-class RunState:
-    """What INFO's header says of a group: its status and, when ABENDED, why and since when;
-    else the last run that ended well."""
-
-    status: str                      # RUNNING | STOPPED | ABENDED
-    error: str | None = None
     error_time: datetime | None = None
     last_run: runlog.RunOutcome | None = None
 
@@ -117,24 +104,6 @@ def commit_time(cur, csn: Csn) -> datetime | None:
     return row["first_time"] + (row["next_time"] - row["first_time"]) * fraction
 
 
-def _status(store: MetadataStore, program: str, group: str, last: runlog.RunOutcome | None) -> RunState:
-    if is_running(store, program, group):
-        return RunState("RUNNING", last_run=last)
-    if last is None or last.outcome == "ok":
-        return RunState("STOPPED", last_run=last)
-    if last.outcome == "error":
-        return RunState("ABENDED", last.error, last.ended_at, last)
-    # `running` with nothing holding the group: the process died without a word.
-    return RunState("ABENDED", f"run {last.run_id} ({last.command}) ended without recording an outcome (killed?)",
-                    last.started_at, last)
-
-
-def run_state(store: MetadataStore, program: str, group: str) -> RunState:
-    """One group's status, the rule INFO ALL applies: what INFO EXTRACT|PUMP|REPLICAT shows."""
-    last = runlog.last_outcomes(store).get((program, group.upper()))
-    return _status(store, program, group, last)
-
-
 def info_all(store: MetadataStore, config: Config, *, now: datetime | None = None,
              pattern: str = "*", programs: tuple[str, ...] = PROGRAMS) -> list[GroupStatus]:
     """Every configured or added group of the given programs whose name matches `pattern`
@@ -165,7 +134,7 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
         names.update({key: row["group_name"] for key, row in rows[program].items()})
         for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
             name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
-            state = _status(store, program, name, last)
+            state = runlog.group_state(store, program, name, last)
             status, error, error_time = state.status, state.error, state.error_time
             if row is None:
                 found.append(GroupStatus(program, name, status, False, None, None, None, None, error, error_time,

@@ -2,8 +2,8 @@
 
 1. Plan: the source's tables from defs.json (filtered by --table), mapped through the
    replicat's MAP rules to target tables (the target's catalog must have their columns);
-   key ranges planned on the source by the initial load's planner
-   (sources/postgres/keyranges.py: this driver alone reaches it, not the Spark tasks).
+   key ranges planned on the source by the planner it shares with the initial load
+   (trailbound/keyranges.py: this driver alone plans, not the Spark tasks).
 2. One Spark task per range (sides.check_range): both sides' digests, rows only where
    they differ.
 3. Confirm (confirm.py): differences are re-checked once the replicat has applied past
@@ -30,7 +30,7 @@ from trailbound.compare.sides import RangeTask, RowDifference, TableSpec
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.metadata import dsn_from_env
-from trailbound.sources.postgres import keyranges
+from trailbound import keyranges
 
 REPORT_DIR = Path("var/compare")
 DEFAULT_WAIT_SECONDS = 300.0

@@ -22,11 +22,11 @@ import psycopg2
 from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
-from trailbound.load.keys import key_row, range_condition
+from trailbound.keyranges import key_row, range_condition
 from trailbound.metadata import connection_error
 
-if TYPE_CHECKING:  # planned by the driver (compare/run.py), which alone reaches the source's planner
-    from trailbound.sources.postgres.keyranges import KeyRange
+if TYPE_CHECKING:  # planned by the driver (compare/run.py), which alone reads the source's key ranges
+    from trailbound.keyranges import KeyRange
 
 # The text forms both sides must agree on (the archive's forms, docs/live-postgres.md).
 SESSION = {"TimeZone": "UTC", "DateStyle": "ISO", "IntervalStyle": "postgres", "bytea_output": "hex",

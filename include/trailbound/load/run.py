@@ -39,7 +39,7 @@ from trailbound.load.copy import SESSION, ChunkTask, copy_chunk
 from trailbound.load.windows import WATERMARK, WATERMARK_DDL, create_state
 from trailbound.metadata import MetadataStore, connection_error, dsn_from_env
 from trailbound.replicat import target as tgt
-from trailbound.sources.postgres import keyranges
+from trailbound import keyranges
 from trailbound.sources.postgres import state as miner_state
 from trailbound.tables import python_regex
 
