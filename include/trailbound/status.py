@@ -24,7 +24,7 @@ from fnmatch import fnmatchcase
 from trailbound import runlog
 from trailbound.config import Config
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn
+from trailbound.positions import Csn, Scn
 
 PROGRAMS = ("extract", "pump", "replicat")
 
@@ -54,7 +54,7 @@ class OpenTransaction:
     xid: str
     thread: int
     start_position: str     # thread:sequence:rba of its first record
-    start_scn: int
+    start_scn: Scn
     start_time: datetime    # log time
     age: timedelta          # log time: the capture's read time minus start_time
     records: int
@@ -172,7 +172,7 @@ def open_transactions(store: MetadataStore, config: Config, group: str) -> list[
         else:
             br = "not persisted"
         found.append(OpenTransaction(name, t.xid, t.thread, str(t.start.position),
-                                     t.start.scn.value, t.start.ts, age, t.records, t.bytes, br,
+                                     t.start.scn, t.start.ts, age, t.records, t.bytes, br,
                                      t.skip_reason is None and age > limit))
     return sorted(found, key=lambda t: (t.start_time, t.start_scn))
 
