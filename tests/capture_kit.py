@@ -11,6 +11,7 @@ from trailbound import config as configuration
 from trailbound.trail import catalog
 from trailbound.trail import format as trail
 from trailbound.archive.writer import write_defs, write_segment
+from trailbound.positions import Scn
 from trailbound.capture import checkpoints as ckpt
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -51,8 +52,8 @@ class Archive:
                 closed: bool = False, manifest_overrides: dict | None = None) -> Path:
         sequence = self.next_sequence.get(thread, 1)
         first = self.next_scn.get(thread, 0)
-        path = write_segment(self.root, thread=thread, sequence=sequence, records=records, first_scn=first,
-                             next_scn=next_scn, first_time=at(first), next_time=at(next_scn), fmt=fmt, closed=closed,
+        path = write_segment(self.root, thread=thread, sequence=sequence, records=records, first_scn=Scn(first),
+                             next_scn=Scn(next_scn), first_time=at(first), next_time=at(next_scn), fmt=fmt, closed=closed,
                              manifest_overrides=manifest_overrides)
         self.next_sequence[thread], self.next_scn[thread] = sequence + 1, next_scn
         return path

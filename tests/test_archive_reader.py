@@ -17,6 +17,7 @@ from trailbound.archive import reader
 from trailbound.archive.catalog import ArchiveCatalog
 from trailbound.archive.segments import discover
 from trailbound.archive.writer import write_defs, write_segment
+from trailbound.positions import Scn
 from trailbound.errors import ArchiveError
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -37,8 +38,8 @@ def ins(scn, xid, key, parent_xid=None):
 
 def segment(archive: Path, sequence: int, records: list[dict], first_scn: int, next_scn: int, fmt="parquet",
             thread=1, **kwargs) -> Path:
-    return write_segment(archive, thread=thread, sequence=sequence, records=records, first_scn=first_scn,
-                         next_scn=next_scn, first_time=T0 + timedelta(seconds=first_scn),
+    return write_segment(archive, thread=thread, sequence=sequence, records=records, first_scn=Scn(first_scn),
+                         next_scn=Scn(next_scn), first_time=T0 + timedelta(seconds=first_scn),
                          next_time=T0 + timedelta(seconds=next_scn), fmt=fmt, **kwargs)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from trailbound.archive.contract import DEFS_FILE, MANIFEST_FIELDS, RECORD_FIELDS, SEGMENT_RE
 from trailbound.archive.writer import DROP, write_defs, write_segment, write_segment_columns
+from trailbound.positions import Scn
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -40,7 +41,7 @@ def sample_records() -> list[dict]:
 
 def write_sample(directory, fmt, **options):
     return write_segment(
-        directory, thread=2, sequence=7, records=sample_records(), first_scn=100, next_scn=105,
+        directory, thread=2, sequence=7, records=sample_records(), first_scn=Scn(100), next_scn=Scn(105),
         first_time=T0, next_time=T0 + timedelta(minutes=15), fmt=fmt, **options,
     )
 
@@ -139,7 +140,7 @@ def test_same_input_same_bytes(tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_empty_segment(tmp_path, fmt):
-    path = write_segment(tmp_path, thread=3, sequence=1, records=[], first_scn=10, next_scn=42,
+    path = write_segment(tmp_path, thread=3, sequence=1, records=[], first_scn=Scn(10), next_scn=Scn(42),
                          first_time=T0, next_time=T0 + timedelta(minutes=15), fmt=fmt)
     manifest = json.loads(path.read_text("utf-8"))
     assert manifest["records"] == 0 and manifest["next_scn"] == 42
@@ -157,7 +158,7 @@ def test_writes_deliberately_broken_segments(tmp_path):
     records[3]["op"] = "MERGE"  # an unknown op
     records[4]["before"] = "{not json"  # taken as already serialised
     path = write_segment(
-        tmp_path, thread=1, sequence=3, records=records, first_scn=100, next_scn=101,
+        tmp_path, thread=1, sequence=3, records=records, first_scn=Scn(100), next_scn=Scn(101),
         first_time=T0, next_time=T0, fmt="jsonl",
         manifest_overrides={"sha256": "0" * 64, "records": 99, "format": DROP, "extra": 1},
     )
@@ -178,7 +179,7 @@ def test_columns_fast_path_matches_records(tmp_path):
     for fmt in ("parquet", "jsonl"):
         write_sample(tmp_path / "records", fmt)
         write_segment_columns(tmp_path / "columns", thread=2, sequence=7, columns=columns,
-                              first_scn=100, next_scn=105, first_time=T0,
+                              first_scn=Scn(100), next_scn=Scn(105), first_time=T0,
                               next_time=T0 + timedelta(minutes=15), fmt=fmt)
         for name in (f"arch_2_000000007.{fmt}", "arch_2_000000007.json"):
             assert (tmp_path / "records" / name).read_bytes() == (tmp_path / "columns" / name).read_bytes()

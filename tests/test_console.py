@@ -13,6 +13,7 @@ from capture_kit import ins, load_config, new_archive, rec, write_config
 from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
 from trailbound import cli, runlog, status
 from trailbound.errors import TrailboundError
+from trailbound.positions import Scn
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
@@ -114,7 +115,7 @@ def test_open_transactions_oldest_first_with_age_and_the_long_ones(tmp_path, spa
     found = status.open_transactions(store, config, "EXT1")
     assert [(t.xid, t.age.total_seconds(), t.long_running, t.br_state) for t in found] == [
         ("OLD", 7190.0, True, "not persisted"), ("NEW", 4200.0, True, "not persisted")]
-    assert found[0].start_position == "1:1:0" and found[0].start_scn == 10
+    assert found[0].start_position == "1:1:0" and found[0].start_scn == Scn(10)
     [point] = status.lag_history(store, "extract", "EXT1")
     assert point.lag.total_seconds() > 0
     # A pump's and a replicat's lag: the commit time of a CSN, from the archive catalog.

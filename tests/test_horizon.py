@@ -30,13 +30,14 @@ def three_threads(tmp_path):
     write_defs(root, [{"name": "s.t", "columns": [{"name": "id", "type": "bigint"}], "key": ["id"]}])
     for sequence, (first, nxt, minute) in enumerate([(100, 200, 15), (200, 400, 30), (400, 600, 60)], start=1):
         write_segment(root, thread=1, sequence=sequence, records=commit_pair(first, f"A{sequence}"),
-                      first_scn=first, next_scn=nxt, first_time=at(minute - 15), next_time=at(minute), fmt="parquet")
+                      first_scn=Scn(first), next_scn=Scn(nxt), first_time=at(minute - 15), next_time=at(minute),
+                      fmt="parquet")
     for sequence, (first, nxt, minute) in enumerate([(100, 250, 15), (250, 350, 30), (350, 450, 45)], start=1):
-        write_segment(root, thread=2, sequence=sequence, records=[], first_scn=first, next_scn=nxt,
+        write_segment(root, thread=2, sequence=sequence, records=[], first_scn=Scn(first), next_scn=Scn(nxt),
                       first_time=at(minute - 15), next_time=at(minute), fmt="jsonl")
-    write_segment(root, thread=3, sequence=1, records=commit_pair(120, "C1"), first_scn=100, next_scn=180,
+    write_segment(root, thread=3, sequence=1, records=commit_pair(120, "C1"), first_scn=Scn(100), next_scn=Scn(180),
                   first_time=at(0), next_time=at(20), fmt="jsonl")
-    write_segment(root, thread=3, sequence=2, records=[], first_scn=180, next_scn=300, first_time=at(20),
+    write_segment(root, thread=3, sequence=2, records=[], first_scn=Scn(180), next_scn=Scn(300), first_time=at(20),
                   next_time=at(30), fmt="parquet", closed=True)
     return root
 
@@ -49,7 +50,7 @@ def test_horizon_over_three_threads_with_an_idle_and_a_closed_one(store, spark, 
     horizon = catalog.horizon()
     # The idle thread 2 limits; the closed thread 3 (next_scn 300) no longer does.
     assert horizon.scn == Scn(450) and horizon.limiting_thread == 2
-    assert horizon.threads == {1: (600, False), 2: (450, False), 3: (300, True)}
+    assert horizon.threads == {1: (Scn(600), False), 2: (Scn(450), False), 3: (Scn(300), True)}
 
 
 @pytest.mark.spark

@@ -230,14 +230,14 @@ def test_a_high_watermark_ends_its_replicat_group():
 
 
 def test_key_ranges_cover_a_composite_key_once_each(target_dsn):
-    """The shared planner (sources/postgres/keyranges.py) on a composite key with awkward
+    """The shared planner (trailbound/keyranges.py) on a composite key with awkward
     text (quotes, case, accents, a timestamp): every row falls in exactly one range, the
     ranges follow the key's order and hold about N rows each."""
     import psycopg2
     from psycopg2 import sql
 
     from trailbound.load.copy import SESSION
-    from trailbound.sources.postgres import keyranges
+    from trailbound import keyranges
 
     execute(target_dsn, 'CREATE SCHEMA "Odd"',
             'CREATE TABLE "Odd"."Key Table" ("Name" text, at timestamptz, n int, PRIMARY KEY ("Name", at))',

@@ -12,6 +12,7 @@ import pytest
 
 from trailbound.archive.segments import discover, load_defs
 from trailbound.archive.writer import write_defs
+from trailbound.positions import Scn
 from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
@@ -32,7 +33,7 @@ def archive(tmp_path):
         {"name": "id", "type": "integer", "nullable": False}, {"name": "body", "type": "text", "nullable": True},
         {"name": "ratio", "type": "double precision", "nullable": True},
         {"name": "ok", "type": "boolean", "nullable": True}]}])
-    miner_state.save(root, miner_state.MinerState(0, 1000, T0, "slot"))
+    miner_state.save(root, miner_state.MinerState(0, Lsn(1000), T0, "slot"))
     return root
 
 
@@ -70,8 +71,8 @@ def test_records_segments_and_positions(archive):
     assert json.loads(records[0]["after"]) == {"id": 1, "body": "n1", "ratio": 0.1, "ok": True}
     assert records[0]["table"] == "shop.Orders" and records[3]["ts"] == T0 + timedelta(seconds=1)
     segments = discover(archive)
-    assert [(s.sequence, s.first_scn, s.next_scn, s.records) for s in segments] == [(1, 1000, 1201, 4),
-                                                                                  (2, 1201, 1400, 2)]
+    assert [(s.sequence, s.first_scn, s.next_scn, s.records) for s in segments] == [(1, Scn(1000), Scn(1201), 4),
+                                                                                  (2, Scn(1201), Scn(1400), 2)]
     assert segments[-1].next_time == T0 + timedelta(minutes=1)
 
 
@@ -94,7 +95,7 @@ def test_everything_sent_again_is_archived_once_wherever_the_pull_died(archive):
     assert miner.result.resent == 4
     # confirmed past both: the state forgets them
     state = miner_state.load(archive)
-    state.forget_ended_before(1400)
+    state.forget_ended_before(Lsn(1400))
     assert state.txns == {}
 
 
@@ -147,7 +148,7 @@ def test_an_idle_source_still_moves_next_scn(archive):
     assert discover(archive) == []            # nothing moved: nothing written
     miner.finish(Lsn(5000), T0 + timedelta(seconds=30))
     (segment,) = discover(archive)
-    assert (segment.first_scn, segment.next_scn, segment.records) == (1000, 5000, 0)
+    assert (segment.first_scn, segment.next_scn, segment.records) == (Scn(1000), Scn(5000), 0)
 
 
 def test_the_postgres_block_is_validated(tmp_path):

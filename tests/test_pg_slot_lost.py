@@ -54,7 +54,7 @@ def _slot(dsn: str) -> tuple | None:
 
 
 def _archive_end(archive: Path) -> Lsn:
-    return Lsn(discover(archive)[-1].next_scn)
+    return Lsn.of(discover(archive)[-1].next_scn)
 
 
 def _records(archive: Path) -> list[dict]:

@@ -107,7 +107,7 @@ def _killed(config_path: Path, source: str, crash: str | None, *words: str, jvm=
 
 
 def _archive_end(archive: Path) -> int:
-    return discover(archive)[-1].next_scn
+    return discover(archive)[-1].next_scn.value
 
 
 def _records(archive: Path) -> list[dict]:

@@ -35,7 +35,7 @@ def entry(thread: int, sequence: int, *, records: int = 1, size: int = 100, back
           restored: bool = False, state_: str = AVAILABLE) -> CatalogEntry:
     """Segment `sequence` covers hour sequence-1 (scn hours(sequence-1)..hours(sequence))."""
     first, nxt = hours(sequence - 1), hours(sequence)
-    segment = Segment(thread, sequence, first, nxt, at(first), at(nxt), records, size, "0" * 64, "parquet",
+    segment = Segment(thread, sequence, Scn(first), Scn(nxt), at(first), at(nxt), records, size, "0" * 64, "parquet",
                       Path(f"/archive/arch_{thread}_{sequence:09d}.parquet"))
     return CatalogEntry(segment, state_, at(0), backed_up_count=backed, restored_at=at(0) if restored else None)
 
@@ -442,7 +442,7 @@ def _manifest_of(store, thread_: int, sequence: int) -> dict:
     [e] = [e for e in ArchiveCatalog(store, "SRC").entries()
            if (e.segment.thread, e.segment.sequence) == (thread_, sequence)]
     s = e.segment
-    return {"thread": s.thread, "sequence": s.sequence, "first_scn": s.first_scn, "next_scn": s.next_scn,
+    return {"thread": s.thread, "sequence": s.sequence, "first_scn": s.first_scn.value, "next_scn": s.next_scn.value,
             "first_time": s.first_time.isoformat(), "next_time": s.next_time.isoformat(), "records": s.records,
             "bytes": s.bytes, "sha256": s.sha256, "format": s.format}
 

@@ -25,6 +25,7 @@ from capture_kit import T0, new_archive
 from pump_kit import write_config
 from trailbound import cli
 from trailbound.archive.writer import write_defs, write_segment
+from trailbound.positions import Scn
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
@@ -153,7 +154,7 @@ def test_hostile_names_and_xids_flow_end_to_end_as_data(tmp_path, spark, metadat
     first += [_r(40, LONG, "INSERT", key=50, note="open long")]
     second = [_r(130, "../../etc", "DELETE", key=1), _r(140, "../../etc", "COMMIT"), _r(150, LONG, "COMMIT")]
     for sequence, (records, first_scn, next_scn) in enumerate([(first, 0, 120), (second, 120, 240)], start=1):
-        write_segment(root, thread=1, sequence=sequence, records=records, first_scn=first_scn, next_scn=next_scn,
+        write_segment(root, thread=1, sequence=sequence, records=records, first_scn=Scn(first_scn), next_scn=Scn(next_scn),
                       first_time=_minutes(first_scn), next_time=_minutes(next_scn), fmt="parquet")
     config_path = write_config(tmp_path, {"PMP1": {"exttrail": "dirdat/lt", "rmttrail": "remote/rt"}},
                                extract_tables=("*.*",), megabytes=0.0001,

@@ -32,7 +32,7 @@ def lag(seconds: float) -> str:
 
 def header(kind: str, group: str, last_started: datetime | None, state) -> str:
     """INFO's first lines: `EXTRACT    EXT1      Last Started 2026-11-02 00:00 UTC   Status STOPPED`,
-    then what the run log knows (`state`, a trailbound.status.RunState): an ABENDED group's
+    then what the run log knows (`state`, a trailbound.runlog.RunState): an ABENDED group's
     error and its time, else when the last run ended well."""
     started = f"{last_started.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC" if last_started else "never"
     lines = [f"{kind.upper():<10} {group:<9} Last Started {started}   Status {state.status}"]

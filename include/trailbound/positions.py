@@ -46,6 +46,10 @@ class Scn:
     def __str__(self) -> str:
         return str(self.value)
 
+    def __format__(self, spec: str) -> str:
+        """The text form in a padded column too (`f"{scn:>12}"`)."""
+        return format(str(self), spec)
+
     @classmethod
     def parse(cls, text: str) -> "Scn":
         return cls(*_ints(text, ":", 1, "SCN (a non-negative integer)"))

@@ -74,16 +74,16 @@ class Registration:
         if self.read_scn is None:
             return (f"extract {self.group} has not run yet (a first run reads from the archive's oldest segment)"
                     if self.added else f"extract {self.group} is registered but not added")
-        if segment.next_scn > self.read_scn.value:
+        if segment.next_scn > self.read_scn:
             return f"not read yet by extract {self.group} (read below scn {self.read_scn})"
-        if segment.next_scn > self.required_scn.value:
+        if segment.next_scn > self.required_scn:
             return f"needed by extract {self.group} from scn {self.required_scn}"
         return None
 
     def needs(self, segment: Segment) -> bool:
         """Whether this capture's next run stops without `segment` (a segment with no
         record is never read; see capture.run._segments_to_read)."""
-        return segment.records > 0 and segment.next_scn > self.required_scn.value
+        return segment.records > 0 and segment.next_scn > self.required_scn
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,12 @@
 A stage's own history (extract_run, pump_run, replicat_run) holds only runs that
 committed something; a run that failed leaves nothing there. `recorded_run` wraps a
 whole run: it writes a row when the run starts and completes it when the run ends, ok or
-with the error it ended on. A group whose last run failed is ABENDED (trailbound.status)
-until a run succeeds. A run killed outright leaves its row without an end; once nothing
-holds the group any more, status reports it ABENDED too.
+with the error it ended on.
+
+A group's run state (`run_state`, what INFO ALL and INFO's header show): RUNNING while a
+process holds the group (trailbound.grouplock); ABENDED when its last run failed, until
+a run succeeds; STOPPED otherwise. A run killed outright leaves its row without an end;
+once nothing holds the group any more, it is ABENDED too.
 
 The error text is what the user saw, with any password in it redacted: an error can
 quote a DSN.
@@ -21,6 +24,7 @@ from datetime import datetime
 from typing import Iterator
 
 from trailbound.errors import TrailboundError
+from trailbound.grouplock import GroupBusy, is_running
 from trailbound.metadata import MetadataStore, redact
 
 KINDS = ("extract", "pump", "replicat")
@@ -37,6 +41,17 @@ class RunOutcome:
     ended_at: datetime | None
     outcome: str            # running | ok | error | refused
     error: str | None
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What INFO's header says of a group: its status and, when ABENDED, why and since when;
+    else the last run that ended well."""
+
+    status: str                      # RUNNING | STOPPED | ABENDED
+    error: str | None = None
+    error_time: datetime | None = None
+    last_run: RunOutcome | None = None
 
 
 def error_text(exc: BaseException) -> str:
@@ -68,8 +83,6 @@ def recorded_run(store: MetadataStore, kind: str, group: str, command: str) -> I
     """Record the run in the block: its start now, its outcome when the block ends (an
     exception is recorded and re-raised). `refused` is a run turned away because another
     process holds the group: it says nothing about the group's health."""
-    from trailbound.grouplock import GroupBusy
-
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
     with store.transaction() as cur:
@@ -103,6 +116,25 @@ def last_outcomes(store: MetadataStore) -> dict[tuple[str, str], RunOutcome]:
                     " WHERE outcome <> 'refused' ORDER BY kind, group_name, run_id DESC")
         rows = cur.fetchall()
     return {(r["kind"], r["group_name"]): _outcome(r) for r in rows}
+
+
+def group_state(store: MetadataStore, program: str, group: str, last: RunOutcome | None) -> RunState:
+    """A group's run state given its last run that was not refused (last_outcomes)."""
+    if is_running(store, program, group):
+        return RunState("RUNNING", last_run=last)
+    if last is None or last.outcome == "ok":
+        return RunState("STOPPED", last_run=last)
+    if last.outcome == "error":
+        return RunState("ABENDED", last.error, last.ended_at, last)
+    # `running` with nothing holding the group: the process died without a word.
+    return RunState("ABENDED", f"run {last.run_id} ({last.command}) ended without recording an outcome (killed?)",
+                    last.started_at, last)
+
+
+def run_state(store: MetadataStore, program: str, group: str) -> RunState:
+    """One group's status, the rule INFO ALL applies: what INFO EXTRACT|PUMP|REPLICAT shows."""
+    last = last_outcomes(store).get((program, group.upper()))
+    return group_state(store, program, group, last)
 
 
 def history(store: MetadataStore, kind: str, group: str, limit: int = 50) -> list[RunOutcome]:

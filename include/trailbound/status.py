@@ -11,9 +11,8 @@ covers (GGSCI's "Lag at Chkpt"); time since checkpoint = now minus the checkpoin
 time. Transaction ages are log time (the read position's time minus the start's), as
 WARNLONGTRANS measures them, so a backfill reports what a live run would.
 
-Status: RUNNING while a process holds the group (trailbound.grouplock); ABENDED when the
-group's last run failed, or died without recording an outcome (trailbound.runlog), until
-a run succeeds; STOPPED otherwise.
+Status: RUNNING, STOPPED or ABENDED, the rule of trailbound.runlog (run_state), which
+INFO EXTRACT|PUMP|REPLICAT's header applies too.
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ from fnmatch import fnmatchcase
 
 from trailbound import runlog
 from trailbound.config import Config
-from trailbound.grouplock import is_running
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn
+from trailbound.positions import Csn, Scn
 
 PROGRAMS = ("extract", "pump", "replicat")
 
@@ -49,17 +47,6 @@ class GroupStatus:
 
 
 @dataclass(frozen=True)
-class RunState:
-    """What INFO's header says of a group: its status and, when ABENDED, why and since when;
-    else the last run that ended well."""
-
-    status: str                      # RUNNING | STOPPED | ABENDED
-    error: str | None = None
-    error_time: datetime | None = None
-    last_run: runlog.RunOutcome | None = None
-
-
-@dataclass(frozen=True)
 class OpenTransaction:
     """An open transaction of a capture, as SEND EXTRACT ... SHOWTRANS lists it."""
 
@@ -67,7 +54,7 @@ class OpenTransaction:
     xid: str
     thread: int
     start_position: str     # thread:sequence:rba of its first record
-    start_scn: int
+    start_scn: Scn
     start_time: datetime    # log time
     age: timedelta          # log time: the capture's read time minus start_time
     records: int
@@ -117,24 +104,6 @@ def commit_time(cur, csn: Csn) -> datetime | None:
     return row["first_time"] + (row["next_time"] - row["first_time"]) * fraction
 
 
-def _status(store: MetadataStore, program: str, group: str, last: runlog.RunOutcome | None) -> RunState:
-    if is_running(store, program, group):
-        return RunState("RUNNING", last_run=last)
-    if last is None or last.outcome == "ok":
-        return RunState("STOPPED", last_run=last)
-    if last.outcome == "error":
-        return RunState("ABENDED", last.error, last.ended_at, last)
-    # `running` with nothing holding the group: the process died without a word.
-    return RunState("ABENDED", f"run {last.run_id} ({last.command}) ended without recording an outcome (killed?)",
-                    last.started_at, last)
-
-
-def run_state(store: MetadataStore, program: str, group: str) -> RunState:
-    """One group's status, the rule INFO ALL applies: what INFO EXTRACT|PUMP|REPLICAT shows."""
-    last = runlog.last_outcomes(store).get((program, group.upper()))
-    return _status(store, program, group, last)
-
-
 def info_all(store: MetadataStore, config: Config, *, now: datetime | None = None,
              pattern: str = "*", programs: tuple[str, ...] = PROGRAMS) -> list[GroupStatus]:
     """Every configured or added group of the given programs whose name matches `pattern`
@@ -165,7 +134,7 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
         names.update({key: row["group_name"] for key, row in rows[program].items()})
         for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
             name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
-            state = _status(store, program, name, last)
+            state = runlog.group_state(store, program, name, last)
             status, error, error_time = state.status, state.error, state.error_time
             if row is None:
                 found.append(GroupStatus(program, name, status, False, None, None, None, None, error, error_time,
@@ -203,7 +172,7 @@ def open_transactions(store: MetadataStore, config: Config, group: str) -> list[
         else:
             br = "not persisted"
         found.append(OpenTransaction(name, t.xid, t.thread, str(t.start.position),
-                                     t.start.scn.value, t.start.ts, age, t.records, t.bytes, br,
+                                     t.start.scn, t.start.ts, age, t.records, t.bytes, br,
                                      t.skip_reason is None and age > limit))
     return sorted(found, key=lambda t: (t.start_time, t.start_scn))
 

@@ -36,6 +36,7 @@ BRINTERVAL = 4  # hours
 
 def write_archive(archive: Path, hours: int, per_hour: int) -> None:
     from trailbound.archive.writer import write_defs, write_segment_columns, to_micros
+    from trailbound.positions import Scn
 
     write_defs(archive, [{"name": "shop.events", "columns": [{"name": "id", "type": "bigint", "nullable": False},
                                                               {"name": "note", "type": "text", "nullable": True}],
@@ -61,8 +62,8 @@ def write_archive(archive: Path, hours: int, per_hour: int) -> None:
             key += 1
             add(scn, f"T{key}", "INSERT", f'{{"id":{key},"note":"n{key}"}}')
             add(scn, f"T{key}", "COMMIT")
-        write_segment_columns(archive, thread=1, sequence=h + 1, columns=columns, first_scn=base,
-                              next_scn=base + HOUR, first_time=T0 + timedelta(seconds=base),
+        write_segment_columns(archive, thread=1, sequence=h + 1, columns=columns, first_scn=Scn(base),
+                              next_scn=Scn(base + HOUR), first_time=T0 + timedelta(seconds=base),
                               next_time=T0 + timedelta(seconds=base + HOUR), fmt="parquet")
 
 

@@ -32,7 +32,7 @@ class CatalogEntry:
     cataloged_at: datetime
     purged_at: datetime | None = None
     purge_reason: str | None = None
-    purge_scn: int | None = None         # the required SCN that allowed the purge (None: forced)
+    purge_scn: Scn | None = None         # the required SCN that allowed the purge (None: forced)
     backed_up_count: int = 0
     restored_at: datetime | None = None  # its files came back after a purge
 
@@ -51,7 +51,7 @@ class Horizon:
 
     scn: Scn
     # thread -> (next_scn of its last visible segment, closed)
-    threads: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    threads: dict[int, tuple[Scn, bool]] = field(default_factory=dict)
     limiting_thread: int | None = None
     time: datetime | None = None  # log time the horizon stands for: next_time of the limiting segment
 
@@ -72,8 +72,8 @@ def compute_horizon(segments: Sequence[Segment], until: datetime | None = None) 
     open_threads = {t: s.next_scn for t, s in last.items() if not s.closed}
     if open_threads:
         limiting = min(open_threads, key=lambda t: (open_threads[t], t))
-        return Horizon(Scn(open_threads[limiting]), threads, limiting, last[limiting].next_time)
-    return Horizon(Scn(max(s.next_scn for s in last.values())), threads, None,
+        return Horizon(open_threads[limiting], threads, limiting, last[limiting].next_time)
+    return Horizon(max(s.next_scn for s in last.values()), threads, None,
                    max(s.next_time for s in last.values()))
 
 
@@ -85,12 +85,17 @@ _COLUMNS = sql.SQL(", ").join(map(sql.Identifier, (
 
 def _entry(row: dict) -> CatalogEntry:
     segment = Segment(
-        thread=row["thread"], sequence=row["sequence"], first_scn=row["first_scn"], next_scn=row["next_scn"],
+        thread=row["thread"], sequence=row["sequence"], first_scn=Scn(row["first_scn"]),
+        next_scn=Scn(row["next_scn"]),
         first_time=row["first_time"], next_time=row["next_time"], records=row["records"], bytes=row["bytes"],
         sha256=row["sha256"], format=row["format"], path=Path(row["path"]), closed=row["closed"],
     )
     return CatalogEntry(segment, row["state"], row["cataloged_at"], row["purged_at"], row["purge_reason"],
-                        row["purge_scn"], row["backed_up_count"], row["restored_at"])
+                        _scn(row["purge_scn"]), row["backed_up_count"], row["restored_at"])
+
+
+def _scn(value: int | None) -> Scn | None:
+    return None if value is None else Scn(value)
 
 
 def load_entries(cur, source: str) -> list[CatalogEntry]:
@@ -262,8 +267,8 @@ class ArchiveCatalog:
                 "INSERT INTO trailbound.archive_segment (source, thread, sequence, first_scn, next_scn, first_time,"
                 " next_time, records, bytes, sha256, format, path, closed)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(self.source, s.thread, s.sequence, s.first_scn, s.next_scn, s.first_time, s.next_time, s.records,
-                  s.bytes, s.sha256, s.format, str(s.path), s.closed) for s in new],
+                [(self.source, s.thread, s.sequence, s.first_scn.value, s.next_scn.value, s.first_time, s.next_time,
+                  s.records, s.bytes, s.sha256, s.format, str(s.path), s.closed) for s in new],
             )
 
 

@@ -47,7 +47,7 @@ RECORD_COLUMNS = ["thread", "sequence", "rba", "scn", "ts", "xid", "parent_xid",
 
 
 def _segment_frame(spark: SparkSession, segments: Sequence[Segment]) -> DataFrame:
-    rows = [(s.thread, s.sequence, s.path.name, s.first_scn, s.next_scn) for s in segments]
+    rows = [(s.thread, s.sequence, s.path.name, s.first_scn.value, s.next_scn.value) for s in segments]
     return spark.createDataFrame(rows, _SEGMENT_COLUMNS)
 
 

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from trailbound.archive import contract
 from trailbound.errors import ArchiveError
+from trailbound.positions import Scn
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class Segment:
 
     thread: int
     sequence: int
-    first_scn: int
-    next_scn: int
+    first_scn: Scn
+    next_scn: Scn
     first_time: datetime
     next_time: datetime
     records: int
@@ -103,8 +104,8 @@ def read_manifest(manifest: Path) -> Segment:
     segment = Segment(
         thread=thread,
         sequence=sequence,
-        first_scn=_int(document, "first_scn", manifest),
-        next_scn=_int(document, "next_scn", manifest),
+        first_scn=Scn(_int(document, "first_scn", manifest)),
+        next_scn=Scn(_int(document, "next_scn", manifest)),
         first_time=_utc(document["first_time"], "first_time", manifest),
         next_time=_utc(document["next_time"], "next_time", manifest),
         records=_int(document, "records", manifest, maximum=MAX_RECORDS),
@@ -253,7 +254,7 @@ def _records_pass(segment: Segment, table: pa.Table) -> bool:
     if not np.array_equal(rba.to_numpy().astype(np.int64), np.arange(n, dtype=np.int64)):
         return False
     scns = scn.to_numpy().astype(np.int64)
-    if n and (np.any(np.diff(scns) < 0) or scns[0] < segment.first_scn or scns[-1] >= segment.next_scn):
+    if n and (np.any(np.diff(scns) < 0) or scns[0] < segment.first_scn.value or scns[-1] >= segment.next_scn.value):
         return False
     xid, op, name = table.column("xid"), table.column("op"), table.column("table")
     parent = table.column("parent_xid") if "parent_xid" in table.column_names else pa.nulls(n, pa.string())

@@ -32,6 +32,7 @@ from trailbound.archive.contract import (
 )
 from trailbound.crash import crashpoint
 from trailbound.durable import atomic_write
+from trailbound.positions import Scn
 
 PARQUET_SCHEMA = pa.schema([
     ("rba", pa.int64()),
@@ -131,8 +132,8 @@ def write_segment(
     thread: int,
     sequence: int,
     records: Sequence[Mapping[str, Any]],
-    first_scn: int,
-    next_scn: int,
+    first_scn: Scn,
+    next_scn: Scn,
     first_time: datetime,
     next_time: datetime,
     fmt: str,
@@ -166,8 +167,8 @@ def write_segment_columns(
     thread: int,
     sequence: int,
     columns: Mapping[str, Sequence],
-    first_scn: int,
-    next_scn: int,
+    first_scn: Scn,
+    next_scn: Scn,
     first_time: datetime,
     next_time: datetime,
     fmt: str,
@@ -198,8 +199,8 @@ def write_segment_columns(
     manifest = {
         "thread": thread,
         "sequence": sequence,
-        "first_scn": first_scn,
-        "next_scn": next_scn,
+        "first_scn": first_scn.value,
+        "next_scn": next_scn.value,
         "first_time": format_time(first_time),
         "next_time": format_time(next_time),
         "records": count,

@@ -43,6 +43,6 @@ def resolve_begin(spec: str, segments: Sequence[Segment]) -> Scn:
     moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
     covering = [s.first_scn for s in segments if s.next_time > moment]
     if covering:
-        return Scn(min(covering))
+        return min(covering)
     horizon = compute_horizon(segments)
     return horizon.scn if horizon else Scn(0)

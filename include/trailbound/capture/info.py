@@ -12,8 +12,8 @@ from trailbound.capture import recovery
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import header, lag, timestamp, times_note, utc
-from trailbound.status import run_state
 from trailbound.metadata import MetadataStore
+from trailbound.runlog import run_state
 
 _TIMES = times_note("the read checkpoints' Timestamp and the times of open transactions and BR checkpoints "
                     "(when the source wrote the record)", "Last Started, Start Time, Last Update Time, the write "

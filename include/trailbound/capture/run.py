@@ -135,9 +135,9 @@ def _segments_to_read(entries, state: ckpt.ExtractState, restart: recovery.Resta
     for entry in entries:
         s = entry.segment
         floor = restart.floor(s.thread)
-        if s.first_scn >= horizon_scn.value or (floor is not None and s.next_scn <= floor.value) or s.records == 0:
+        if s.first_scn >= horizon_scn or (floor is not None and s.next_scn <= floor) or s.records == 0:
             continue
-        if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn.value:
+        if floor is None and entry.state != AVAILABLE and s.next_scn <= state.begin_scn:
             continue  # a first run needs nothing purged below its begin point
         if entry.state != AVAILABLE or not s.path.exists():
             needed = floor if floor is not None else s.first_scn

@@ -9,6 +9,6 @@ targets hold the same rows (`trailbound compare SRC REP1`, docs/compare.md).
 
 The command line, `quality.py` (the replica check of a live source) and the Airflow
 plugin import this package; no other engine package does. It reads the source database
-directly (plain SELECTs, no locks); only run.py reaches trailbound.sources, for the key-range
-planner it shares with the initial load (sources/postgres/keyranges.py).
+directly (plain SELECTs, no locks); it imports nothing from trailbound.sources: run.py plans
+key ranges with the planner it shares with the initial load (trailbound/keyranges.py).
 """

@@ -27,8 +27,9 @@ from trailbound.config import Config
 from trailbound.positions import Scn
 
 
-def lsn_text(value: int) -> str:
+def lsn_text(scn: Scn) -> str:
     """A WAL position as PostgreSQL prints it (X/Y); the archive's scn is the integer."""
+    value = scn.value
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}" if value >= 0 else "none"
 
 
@@ -78,7 +79,7 @@ def confirm(pending: list[RowDifference], specs: dict[str, TableSpec], source_co
     rounds = 0
     through = applied()
     while pending and rounds < max_rounds:
-        ready = [d for d in pending if d.lsn <= through.value]
+        ready = [d for d in pending if d.lsn <= through]
         if not ready:
             if time.monotonic() >= deadline:
                 break
@@ -89,7 +90,7 @@ def confirm(pending: list[RowDifference], specs: dict[str, TableSpec], source_co
             through = applied()
             continue
         rounds += 1
-        pending = [d for d in pending if d.lsn > through.value]
+        pending = [d for d in pending if d.lsn > through]
         for table in sorted({d.table for d in ready}):
             spec = specs[table]
             mine = [d for d in ready if d.table == table]
@@ -111,8 +112,8 @@ def confirm(pending: list[RowDifference], specs: dict[str, TableSpec], source_co
     if pending:
         waited = max(d.lsn for d in pending)
         note = (f"{sum(d.count() for d in pending)} row(s) still in flight: read at source positions up to "
-                f"{lsn_text(waited)} (scn {waited}), and the replicat has applied through {lsn_text(through.value)} "
-                f"(scn {through.value}); "
+                f"{lsn_text(waited)} (scn {waited}), and the replicat has applied through {lsn_text(through)} "
+                f"(scn {through}); "
                 + (f"they kept changing over {rounds} round(s)" if rounds >= max_rounds else
                    f"it did not get past them within {wait_seconds:g} s")
                 + ". Is the pipeline running (archive pull, extract, pump, replicat)? Compare again later: a row "

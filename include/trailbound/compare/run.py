@@ -2,8 +2,8 @@
 
 1. Plan: the source's tables from defs.json (filtered by --table), mapped through the
    replicat's MAP rules to target tables (the target's catalog must have their columns);
-   key ranges planned on the source by the initial load's planner
-   (sources/postgres/keyranges.py: this driver alone reaches it, not the Spark tasks).
+   key ranges planned on the source by the planner it shares with the initial load
+   (trailbound/keyranges.py: this driver alone plans, not the Spark tasks).
 2. One Spark task per range (sides.check_range): both sides' digests, rows only where
    they differ.
 3. Confirm (confirm.py): differences are re-checked once the replicat has applied past
@@ -30,7 +30,8 @@ from trailbound.compare.sides import RangeTask, RowDifference, TableSpec
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.metadata import dsn_from_env
-from trailbound.sources.postgres import keyranges
+from trailbound.positions import Scn
+from trailbound import keyranges
 
 REPORT_DIR = Path("var/compare")
 DEFAULT_WAIT_SECONDS = 300.0
@@ -89,7 +90,7 @@ def _row_json(spec: TableSpec, d: RowDifference, kind: str) -> dict:
     return {"kind": kind, "key": _key_dict(spec, d.key), "columns": d.columns(spec.columns),
             "source": list(d.source) if isinstance(d.source, tuple) else d.source,
             "target": list(d.target) if isinstance(d.target, tuple) else d.target,
-            "read_at": confirming.lsn_text(d.lsn), "read_at_scn": d.lsn}
+            "read_at": confirming.lsn_text(d.lsn), "read_at_scn": d.lsn.value}
 
 
 @dataclass
@@ -100,7 +101,7 @@ class CompareReport:
     pattern: str
     started_at: datetime
     ended_at: datetime
-    applied: int
+    applied: Scn
     rounds: int
     tables: list[TableResult]
     note: str | None
@@ -121,7 +122,7 @@ class CompareReport:
     def as_json(self) -> dict:
         return {"run_id": self.run_id, "source": self.source, "replicat": self.replicat, "table": self.pattern,
                 "started_at": self.started_at.isoformat(), "ended_at": self.ended_at.isoformat(),
-                "applied_through": confirming.lsn_text(self.applied), "applied_through_scn": self.applied,
+                "applied_through": confirming.lsn_text(self.applied), "applied_through_scn": self.applied.value,
                 "confirm_rounds": self.rounds, "rows_compared": self.rows_compared,
                 "out_of_sync": self.out_of_sync, "in_flight": self.in_flight, "note": self.note,
                 "tables": [{**t.figures(),
@@ -221,7 +222,7 @@ def _previous_in_flight(store, group: str, specs: dict[str, TableSpec]) -> dict[
         spec = specs.get(r["source_table"])
         names = spec and (spec.columns if spec.keyless else spec.key)
         if names and set(names) == set(r["key"]):  # jsonb keeps no key order: the spec's order
-            found[(spec.source, tuple(r["key"][n] for n in names))] = (image(r["source_image"]), r["read_at"])
+            found[(spec.source, tuple(r["key"][n] for n in names))] = (image(r["source_image"]), Scn(r["read_at"]))
     return found
 
 
@@ -231,7 +232,7 @@ def _save(store, report: CompareReport) -> None:
                     " ended_at, applied_through, rounds, rows_compared, out_of_sync, in_flight, note, report_file)"
                     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (report.run_id, report.source, report.replicat, report.pattern, report.started_at,
-                     report.ended_at, report.applied, report.rounds, report.rows_compared, report.out_of_sync,
+                     report.ended_at, report.applied.value, report.rounds, report.rows_compared, report.out_of_sync,
                      report.in_flight, report.note, str(report.report_file)))
         for t in report.tables:
             f = t.figures()
@@ -245,7 +246,7 @@ def _save(store, report: CompareReport) -> None:
                 "INSERT INTO trailbound.compare_row (run_id, source_table, kind, key, columns, source_image,"
                 " target_image, read_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                 [(report.run_id, t.spec.source, kind, json.dumps(_key_dict(t.spec, d.key)),
-                  d.columns(t.spec.columns) or None, json.dumps(d.source), json.dumps(d.target), d.lsn)
+                  d.columns(t.spec.columns) or None, json.dumps(d.source), json.dumps(d.target), d.lsn.value)
                  for d, kind in rows])
 
 
@@ -325,7 +326,7 @@ def compare(spark, store, config: Config, source: str, replicat: str, *, pattern
         cur.execute("SELECT nextval(pg_get_serial_sequence('trailbound.compare_run', 'run_id'))")
         run_id = cur.fetchone()["nextval"]
     directory = report_dir or config.path(REPORT_DIR)
-    report = CompareReport(run_id, source, group, pattern, started, datetime.now(UTC), outcome.applied.value,
+    report = CompareReport(run_id, source, group, pattern, started, datetime.now(UTC), outcome.applied,
                            outcome.rounds, tables, outcome.note,
                            Path(directory) / f"compare_{source.lower()}_{group.lower()}_{run_id:06d}.json")
     _save(store, report)

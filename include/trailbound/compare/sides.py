@@ -22,11 +22,12 @@ import psycopg2
 from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
-from trailbound.load.keys import key_row, range_condition
+from trailbound.keyranges import key_row, range_condition
 from trailbound.metadata import connection_error
+from trailbound.positions import Scn
 
-if TYPE_CHECKING:  # planned by the driver (compare/run.py), which alone reaches the source's planner
-    from trailbound.sources.postgres.keyranges import KeyRange
+if TYPE_CHECKING:  # planned by the driver (compare/run.py), which alone reads the source's key ranges
+    from trailbound.keyranges import KeyRange
 
 # The text forms both sides must agree on (the archive's forms, docs/live-postgres.md).
 SESSION = {"TimeZone": "UTC", "DateStyle": "ISO", "IntervalStyle": "postgres", "bytea_output": "hex",
@@ -65,7 +66,7 @@ class RowDifference:
     key_values: tuple | None          # the key as read, for querying it again (keyless: None)
     source: tuple | int | None
     target: tuple | int | None
-    lsn: int
+    lsn: Scn
 
     def kind(self) -> str:
         if isinstance(self.source, int) or isinstance(self.target, int):
@@ -143,11 +144,12 @@ def digest(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyR
     return count, total
 
 
-def current_lsn(connection) -> int:
-    """The source's WAL position now: every commit a read before this saw lies below it."""
+def current_lsn(connection) -> Scn:
+    """The source's WAL position now, as the archive's SCN (the same integer): every
+    commit a read before this saw lies below it."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
-        return int(cur.fetchone()[0])
+        return Scn(int(cur.fetchone()[0]))
 
 
 def _picklable(value):
@@ -196,7 +198,7 @@ def row_hashes(connection, table: TableSpec, relation: tuple[str, str], bounds: 
         return {tuple(r[1 + width:]): (tuple(_picklable(v) for v in r[1:1 + width]), r[0]) for r in cur.fetchall()}
 
 
-def differences(table: TableSpec, source: dict, target: dict, lsn: int) -> list[RowDifference]:
+def differences(table: TableSpec, source: dict, target: dict, lsn: Scn) -> list[RowDifference]:
     """Keys whose images differ, from two `rows` answers."""
     found = []
     for key in sorted(source.keys() | target.keys(), key=lambda k: tuple("" if v is None else v for v in k)):

@@ -2,7 +2,6 @@
 and handing over to replicat with nothing lost and nothing applied twice
 (docs/initial-load.md).
 
-    keys.py      a key range as a SQL condition, typed by the table's own row type
     copy.py      one Spark task per key-range chunk: COPY out of the source, COPY into the
                  target (the rows never pass through the driver)
     progress.py  the load's progress in the metadata store (resume, `info replicat`)
@@ -11,6 +10,7 @@ and handing over to replicat with nothing lost and nothing applied twice
     run.py       `trailbound load`: at the slot's exported snapshot, or between watermarks
 
 Who may import what: `run.py` talks to the source as `sources/postgres/` does and is
-imported only by `cli.py`. `windows.py`, `keys.py` and `progress.py` import nothing
-from `sources/`; replicat (run.py, chunks.py, info.py) imports them.
+imported only by `cli.py`. `windows.py` and `progress.py` import nothing from
+`sources/`; replicat (run.py, chunks.py, info.py) imports them. Key ranges (planned, and
+as SQL conditions) are trailbound/keyranges.py, shared with the compare.
 """

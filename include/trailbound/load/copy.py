@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import psycopg2
 from psycopg2 import sql
 
-from trailbound.load.keys import range_condition
+from trailbound.keyranges import range_condition
 from trailbound.load.windows import WATERMARK, staging_table
 
 SESSION = ("-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c bytea_output=hex "

@@ -39,7 +39,7 @@ from trailbound.load.copy import SESSION, ChunkTask, copy_chunk
 from trailbound.load.windows import WATERMARK, WATERMARK_DDL, create_state
 from trailbound.metadata import MetadataStore, connection_error, dsn_from_env
 from trailbound.replicat import target as tgt
-from trailbound.sources.postgres import keyranges
+from trailbound import keyranges
 from trailbound.sources.postgres import state as miner_state
 from trailbound.tables import python_regex
 
@@ -124,7 +124,7 @@ class _Load:
                             " WHERE upper(replicat) = upper(%s) AND mode = 'snapshot' AND state = 'running'",
                             (self.replicat,))
             with ExportedSnapshot(self.source_dsn, self.config.postgres(self.source).slot) as snapshot:
-                miner_state.save(self.archive, miner_state.MinerState(0, snapshot.consistent.value,
+                miner_state.save(self.archive, miner_state.MinerState(0, snapshot.consistent,
                                                                       snapshot.created_at, snapshot.slot))
                 load_id = progress.start(self.store, source=self.source, replicat=self.replicat, mode="snapshot",
                                          pattern=self.pattern, chunk_rows=self.chunk_rows,
@@ -135,7 +135,7 @@ class _Load:
                 self._copy(load_id, lambda chunk: {"snapshot": snapshot.name})
                 # Every commit at or after the consistent point is in the slot and not in the
                 # snapshot; every one before it is in the snapshot: atcsn <consistent point>.
-                said = reposition(self.store, self.config, self.replicat, ["atcsn", str(snapshot.consistent.value)],
+                said = reposition(self.store, self.config, self.replicat, ["atcsn", str(snapshot.consistent.scn)],
                                   target_dsn=self.target_dsn)
             progress.finish(self.store, load_id)
         return LoadResult(load_id, "snapshot", self.replicat, progress.tables(self.store, load_id),

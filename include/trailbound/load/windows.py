@@ -41,7 +41,7 @@ from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from trailbound.errors import TrailboundError
-from trailbound.load.keys import key_row, range_condition
+from trailbound.keyranges import key_row, range_condition
 
 log = logging.getLogger("trailbound.load")
 STAGING_SCHEMA = "trailbound_load"

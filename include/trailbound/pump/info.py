@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
-from trailbound.status import run_state
 from trailbound.ggsci import header, times_note, utc
 from trailbound.metadata import MetadataStore
 from trailbound.pump import checkpoints as pck
+from trailbound.runlog import run_state
 from trailbound.trail import catalog
 
 

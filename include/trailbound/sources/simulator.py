@@ -43,6 +43,7 @@ from trailbound.archive.writer import (
     write_segment_columns,
 )
 from trailbound.durable import atomic_write
+from trailbound.positions import Scn
 
 TRUTH_FORMAT = 1
 SIMULATOR_FORMATS = FORMATS + ("mixed",)
@@ -600,7 +601,7 @@ class Simulator:
             self.archive, thread=thread.number, sequence=thread.sequence,
             columns={"scn": scn, "ts": ts, "xid": xid, "parent_xid": parent, "op": op,
                      "table": table, "before": before, "after": after},
-            first_scn=thread.first_scn, next_scn=next_scn,
+            first_scn=Scn(thread.first_scn), next_scn=Scn(next_scn),
             first_time=from_micros(thread.first_us), next_time=from_micros(at_us),
             fmt=fmt, closed=closed,
         )

@@ -167,9 +167,9 @@ def add_source(config: Config, name: str, *, refresh_defs: bool = False) -> str:
             raise
         consistent = Lsn.parse(lsn)
         write_defs(archive, defs)
-        miner_state.save(archive, miner_state.MinerState(0, consistent.value, now.astimezone(UTC), pg.slot))
+        miner_state.save(archive, miner_state.MinerState(0, consistent, now.astimezone(UTC), pg.slot))
         return (f"SOURCE {source} added: publication {pg.publication} ({len(tables)} table(s)), slot {pg.slot} "
-                f"(pgoutput) consistent at {consistent} (scn {consistent.value}); defs.json written to {archive}")
+                f"(pgoutput) consistent at {consistent} (scn {consistent.scn}); defs.json written to {archive}")
     finally:
         connection.close()
 
@@ -209,7 +209,7 @@ def accept_gap(config: Config, name: str) -> str:
     source = config.source_name(name)
     pg = config.postgres(source)
     archive = config.archive_dir(source)
-    end = Lsn(miner_state.load(archive).next_scn)
+    end = miner_state.load(archive).next_scn
     connection = connect(config, source)
     try:
         with connection.cursor() as cur:
@@ -263,7 +263,7 @@ class SlotLag:
     last_segment: archive_segments.Segment | None = None
     behind_seconds: float | None = None  # the server's clock minus the archive's last next_time
     open_streamed: dict | None = None  # xid -> the miner's state of an open streamed transaction
-    start_scn: int | None = None       # where the archive starts when it has no segment yet
+    start_scn: Lsn | None = None       # where the archive starts when it has no segment yet
     wal_status: str | None = None      # reserved | extended | unreserved | lost (pg_replication_slots)
     gap: continuity.Gap | None = None  # why the slot cannot continue the archive, if it cannot
     gaps: tuple = ()                   # the gaps accepted so far (miner state)
@@ -282,7 +282,7 @@ def slot_lag(config: Config, name: str, dsn: str | None = None) -> SlotLag:
             slot = continuity.read_slot(cur, pg.slot)
             cur.execute("SELECT current_database()")
             (database,), = cur.fetchall()
-        gap = continuity.find_gap(pg.slot, slot, Lsn(state.next_scn), database)
+        gap = continuity.find_gap(pg.slot, slot, state.next_scn, database)
         rows = _query(connection, "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid,"
                                   " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
                                   " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
@@ -325,11 +325,11 @@ def describe_source(config: Config, name: str) -> str:
     last = lag.last_segment
     if last:
         lines.append(f"  Last segment:   thread 1 sequence {last.sequence}, scn {last.first_scn}..{last.next_scn} "
-                     f"({Lsn(last.first_scn)}..{Lsn(last.next_scn)}), {last.records} records, ends "
+                     f"({Lsn.of(last.first_scn)}..{Lsn.of(last.next_scn)}), {last.records} records, ends "
                      f"{utc(last.next_time)}")
         lines.append(f"  Time lag:       the archive reaches {lag.behind_seconds:.1f} s before the server's clock")
     else:
-        lines.append(f"  Last segment:   none yet (the slot starts at scn {lag.start_scn}, {Lsn(lag.start_scn)})")
+        lines.append(f"  Last segment:   none yet (the slot starts at scn {lag.start_scn.scn}, {lag.start_scn})")
     lines.append(f"  Open streamed transactions: {len(lag.open_streamed)}")
     for xid, txn in sorted(lag.open_streamed.items()):
         lines.append(f"    xid {xid}: first change {txn.first_time}, last archived change at {Lsn(txn.last_lsn)}"

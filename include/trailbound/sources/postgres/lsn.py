@@ -1,13 +1,16 @@
 """Lsn: a PostgreSQL WAL position (log sequence number), a small immutable value type.
 
 Its text form is PostgreSQL's own, `16/B374D848` (two hexadecimal halves of a 64-bit
-integer); the redo archive uses the integer itself as the SCN (docs/live-postgres.md).
+integer); the redo archive uses the integer itself as the SCN (docs/live-postgres.md):
+`lsn.scn` and `Lsn.of(scn)` cross between the two.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from trailbound.positions import Scn
 
 _TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
 
@@ -25,6 +28,16 @@ class Lsn:
 
     def __int__(self) -> int:
         return self.value
+
+    @property
+    def scn(self) -> Scn:
+        """This position as the archive's SCN (the same integer)."""
+        return Scn(self.value)
+
+    @classmethod
+    def of(cls, scn: Scn) -> "Lsn":
+        """The WAL position an archive SCN of this source stands for."""
+        return cls(scn.value)
 
     @classmethod
     def parse(cls, text: str) -> "Lsn":

@@ -34,7 +34,7 @@ from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import rowjson
 from trailbound.sources.postgres import state as miner_state
-from trailbound.sources.postgres.lsn import Lsn
+from trailbound.sources.postgres.lsn import ZERO, Lsn
 from trailbound.sources.postgres.reader import Received, SlotReader
 from trailbound.sources.postgres.rowjson import RowJson
 from trailbound.sources.postgres.values import converter
@@ -111,7 +111,7 @@ class PullResult:
     rollbacks: int = 0
     resent: int = 0            # messages the slot sent again that the archive already held
     segments: list[int] = field(default_factory=list)
-    next_scn: int = 0
+    next_scn: Lsn = ZERO
     confirmed: Lsn | None = None
     open_streamed: int = 0
 
@@ -121,7 +121,7 @@ class PullResult:
         confirmed = f"slot confirmed to {self.confirmed}" if self.confirmed else "slot not moved"
         return (f"Source {self.source}: pulled {self.changes} change(s), {self.commits} commit(s), "
                 f"{self.rollbacks} rollback(s) ({self.resent} re-sent message(s) skipped); {written}; "
-                f"next_scn {self.next_scn} ({Lsn(self.next_scn)}); {confirmed}; "
+                f"next_scn {self.next_scn.scn} ({self.next_scn}); {confirmed}; "
                 f"{self.open_streamed} streamed transaction(s) open")
 
 
@@ -135,7 +135,8 @@ class Miner:
         self.result = result
         self.relations: dict[int, _Relation] = {}
         self.tuple_readers: dict[int, Callable] = {}  # relation oid -> its RowJson.pieces
-        self.floor = state.next_scn     # the lowest scn the next record may have
+        # Plain ints from here on, per record (the archive's scn column): the inner loop.
+        self.floor = state.next_scn.value  # the lowest scn the next record may have
         self.top: int | None = None     # the transaction being sent (Begin or Stream Start)
         self.streaming = False
         self.commit_micros = 0          # the non-streamed transaction's commit time: its records' ts
@@ -146,14 +147,15 @@ class Miner:
         self.buffer_bytes = 0
         self.full = False               # a limit is reached: cut before the next message
         self.limit_micros = limits.seconds * 1_000_000
-        self.last_lsn = state.next_scn
+        self.last_lsn = self.floor
 
     # ---------------------------------------------------------------- messages
 
     def handle(self, received: Received) -> None:
         message = received.message
-        if received.lsn.value > self.last_lsn:
-            self.last_lsn = received.lsn.value
+        lsn = received.lsn.value
+        if lsn > self.last_lsn:
+            self.last_lsn = lsn
         if isinstance(message, _ROW_CHANGES):  # first: nearly every message is one
             self._change(message, received)
         elif isinstance(message, d.Begin):
@@ -162,20 +164,20 @@ class Miner:
         elif isinstance(message, d.StreamStart):
             self.top, self.streaming = message.xid, True
         elif isinstance(message, d.Commit):
-            self._end(self.top, "COMMIT", message.commit_lsn.value, self.micros(message.commit_time))
+            self._end(self.top, "COMMIT", message.commit_lsn, self.micros(message.commit_time))
             self.top = None
         elif isinstance(message, d.StreamStop):
             self.top = None
         elif isinstance(message, d.StreamCommit):
-            self._end(message.xid, "COMMIT", message.commit_lsn.value, self.micros(message.commit_time))
+            self._end(message.xid, "COMMIT", message.commit_lsn, self.micros(message.commit_time))
         elif isinstance(message, d.StreamAbort):
             if message.subxid == message.xid:
-                self._end(message.xid, "ROLLBACK", received.lsn.value, self.micros(received.sent))
+                self._end(message.xid, "ROLLBACK", received.lsn, self.micros(received.sent))
             else:
                 self._abort_subtransaction(message.xid, message.subxid, received)
         elif isinstance(message, d.Relation):
             # A Relation message comes without a position of its own (0/0): name the last one seen.
-            self._relation(message, received.lsn if received.lsn.value else Lsn(self.last_lsn))
+            self._relation(message, received.lsn if received.lsn != ZERO else Lsn(self.last_lsn))
         elif isinstance(message, d.Truncate):
             self._change(message, received)
         # Type, Origin and logical Message carry nothing the archive holds.
@@ -278,13 +280,14 @@ class Miner:
             span[1] = max(span[1], lsn)
         return xid, parent
 
-    def _end(self, top: int | None, op: str, lsn: int, ts: int) -> None:
+    def _end(self, top: int | None, op: str, end: Lsn, ts: int) -> None:
         txn = self.state.txns.get(top)
         if txn is None:
             return  # the archive holds nothing of it: nothing to end
         if txn.ended is not None:
             self.result.resent += 1
             return
+        lsn = end.value  # the record's scn, and the state's
         if op == "COMMIT":
             self._roll_back_vanished_subtransactions(top, txn, lsn, ts)
         txn.ended = lsn  # before the record: a segment cut at it saves the state
@@ -347,9 +350,9 @@ class Miner:
         # messages (a TRUNCATE of several tables is several records). `_emit` says when a
         # limit is reached: checking here, once per message, cost the pull 4%.
         if self.full:
-            self.cut(self.floor + 1)
+            self.cut(Lsn(self.floor + 1))
 
-    def cut(self, next_scn: int, at_least_time: datetime | None = None) -> None:
+    def cut(self, next_scn: Lsn, at_least_time: datetime | None = None) -> None:
         """Write the buffered records as the next segment (possibly empty) ending at next_scn."""
         state = self.state
         first_scn, first_time = state.next_scn, state.next_time
@@ -363,18 +366,18 @@ class Miner:
         state.next_scn, state.next_time = next_scn, next_time
         miner_state.save(self.archive, state)   # before the manifest: it describes this segment
         write_segment_columns(self.archive, thread=THREAD, sequence=state.sequence, columns=self.records,
-                              first_scn=first_scn, next_scn=next_scn, first_time=first_time, next_time=next_time,
-                              fmt="parquet")
+                              first_scn=first_scn.scn, next_scn=next_scn.scn, first_time=first_time,
+                              next_time=next_time, fmt="parquet")
         self.result.segments.append(state.sequence)
         self.records, self.buffer_bytes, self.full = _no_records(), 0, False
-        self.floor = next_scn
+        self.floor = next_scn.value
 
     def finish(self, safe: Lsn | None, now: datetime) -> None:
         """Write what is buffered; move next_scn to the safe position even with nothing
         to write (an idle source still moves capture's horizon)."""
-        target = max(safe.value if safe else 0, self.state.next_scn)
+        target = max(safe, self.state.next_scn) if safe else self.state.next_scn
         if self.records["scn"]:
-            self.cut(max(target, self.floor + 1), now)
+            self.cut(max(target, Lsn(self.floor + 1)), now)
         elif target > self.state.next_scn:
             self.cut(target, now)
 
@@ -416,7 +419,7 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
             if state.slot != slot:
                 raise TrailboundError(f"{archive}: this archive was written from slot {state.slot!r}, the "
                                       f"configuration names slot {slot!r}")
-            archive_end = Lsn(state.next_scn)
+            archive_end = state.next_scn
             # Before anything is read, and again once the slot is ours (no one can drop or
             # advance it while this session holds it): never a silent gap.
             continuity.refuse_gap(source, slot, reader.slot_state(), archive_end, reader.database)
@@ -432,7 +435,7 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
                 return types[oid, modifier]
 
             if reader.confirmed_at_start is not None:
-                state.forget_ended_before(reader.confirmed_at_start.value)
+                state.forget_ended_before(reader.confirmed_at_start)
             miner = Miner(archive, defs, limits, state, type_name, result)
             decoding = d.Decoder()
             try:
@@ -461,16 +464,16 @@ def archive_gap(archive: Path, resume: Lsn, reason: str, now: datetime) -> miner
     fell in the gap (a new load of the tables brings the truth). The gap is kept in the
     miner's state; the state is written before the manifest, as for any segment."""
     state = miner_state.load(archive)
-    if resume.value <= state.next_scn:
-        raise TrailboundError(f"{archive}: the archive already reaches LSN {Lsn(state.next_scn)}, past {resume}")
-    start = Lsn(state.next_scn)
+    if resume <= state.next_scn:
+        raise TrailboundError(f"{archive}: the archive already reaches LSN {state.next_scn}, past {resume}")
+    start = state.next_scn
     miner = Miner(archive, {}, Limits(), state, lambda oid, modifier: "", PullResult(""))
     closed = sorted(state.open_streamed())
     for xid in closed:
-        miner._end(xid, "ROLLBACK", start.value, to_micros(now))
+        miner._end(xid, "ROLLBACK", start, to_micros(now))
     state.gaps.append({"from": str(start), "to": str(resume), "segment": state.sequence + 1, "reason": reason,
                        "accepted": now.astimezone(UTC).isoformat(), "closed": closed})
-    miner.cut(resume.value, now)
+    miner.cut(resume, now)
     return state
 
 
@@ -480,6 +483,6 @@ def _close(miner: Miner, reader: SlotReader, result: PullResult, now: datetime) 
     result.open_streamed = len(miner.state.open_streamed())
     crashpoint("after_manifest_before_confirm")
     if reader.safe is not None:
-        position = min(reader.safe, Lsn(miner.state.next_scn))
+        position = min(reader.safe, miner.state.next_scn)
         if reader.confirm(position):
             result.confirmed = position

@@ -28,6 +28,7 @@ from trailbound.archive import segments as archive_segments
 from trailbound.archive.writer import encode_json, format_time
 from trailbound.durable import atomic_write
 from trailbound.errors import TrailboundError
+from trailbound.sources.postgres.lsn import Lsn
 
 STATE_DIR = ".pgminer"
 _STATE_RE = re.compile(r"^state_(\d{9})\.json$")
@@ -36,7 +37,11 @@ THREAD = 1  # one database server: one redo thread
 
 @dataclass
 class Txn:
-    """A top-level transaction the archive holds records of."""
+    """A top-level transaction the archive holds records of.
+
+    Its LSNs are plain ints, as the state file holds them: the miner updates them for
+    every change it reads (its inner loop), where an Lsn per change would cost a pull its
+    speed. Lsn goes in and out at the miner's functions (MinerState.forget_ended_before)."""
 
     last_lsn: int = 0          # the last archived change's LSN
     at_last_lsn: int = 0       # how many changes at that LSN are archived
@@ -50,7 +55,7 @@ class Txn:
 @dataclass
 class MinerState:
     sequence: int              # the last segment these describe (0: none yet)
-    next_scn: int              # that segment's next_scn (or the slot's consistent point)
+    next_scn: Lsn              # that segment's next_scn (or the slot's consistent point)
     next_time: datetime
     slot: str
     txns: dict[int, Txn] = field(default_factory=dict)
@@ -60,7 +65,7 @@ class MinerState:
     gaps: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"sequence": self.sequence, "next_scn": self.next_scn, "next_time": format_time(self.next_time),
+        return {"sequence": self.sequence, "next_scn": self.next_scn.value, "next_time": format_time(self.next_time),
                 "slot": self.slot, "gaps": self.gaps,
                 # In the order the transactions were first seen: sorting 100,000s of them for
                 # every segment cost a pull 2% (and xids wrap around: their order says little).
@@ -68,16 +73,17 @@ class MinerState:
 
     @classmethod
     def from_json(cls, document: dict) -> "MinerState":
-        return cls(document["sequence"], document["next_scn"], datetime.fromisoformat(document["next_time"]),
+        return cls(document["sequence"], Lsn(document["next_scn"]), datetime.fromisoformat(document["next_time"]),
                    document["slot"], {int(xid): Txn(**txn) for xid, txn in document["txns"].items()},
                    document.get("gaps", []))
 
     def open_streamed(self) -> dict[int, Txn]:
         return {xid: txn for xid, txn in self.txns.items() if txn.ended is None}
 
-    def forget_ended_before(self, lsn: int) -> None:
+    def forget_ended_before(self, lsn: Lsn) -> None:
         """The slot never sends again a transaction that ended before its confirmed position."""
-        self.txns = {xid: txn for xid, txn in self.txns.items() if txn.ended is None or txn.ended >= lsn}
+        below = lsn.value
+        self.txns = {xid: txn for xid, txn in self.txns.items() if txn.ended is None or txn.ended >= below}
 
 
 def state_dir(archive: Path) -> Path:

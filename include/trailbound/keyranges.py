@@ -1,26 +1,35 @@
-"""Key-range planning: a table cut into ranges of about N rows along its primary key,
-for the initial load (trailbound.load) and the compare.
+"""Key ranges: a table cut into ranges of about N rows along its primary key, and a
+range as a SQL condition. Shared by the initial load (trailbound.load) and the compare
+(trailbound.compare); it reads no log and writes no archive, so it is no source.
 
-The boundaries are found by walking the primary key's index, N keys at a time
+Planning: the boundaries are found by walking the primary key's index, N keys at a time
 (`... WHERE key >= previous ORDER BY key OFFSET N LIMIT 1`): one pass over the index in
 all, no lock, exact on any key type, composite keys included. Boundaries come back in
 their PostgreSQL text form (read in a session with TimeZone UTC, DateStyle ISO,
-bytea_output hex, extra_float_digits 3, so that they read back as the same value) and
-are turned back into values by the table's row type (trailbound.load.keys).
+bytea_output hex, extra_float_digits 3, so that they read back as the same value).
 
 The ranges cover the whole key space, whatever the table holds when it is read: the
 first is open below, the last open above, each ends where the next begins. A row
 inserted after planning still falls in exactly one range.
+
+A range as SQL: `(k1, k2) >= lo AND (k1, k2) < hi`, lo inclusive, hi exclusive, either
+end open (None). Bounds are dicts of key column -> value in PostgreSQL text form (or the
+archive's JSON value). They are turned into the column's type by the table's own row
+type, `jsonb_populate_record(NULL::table, bound)`, so no type name is ever written into
+SQL and the same bound works on the source and on a target whose types differ a little.
+Each bound column is its own scalar subquery: a constant the planner can match to the
+primary key's index.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
-from trailbound.load.keys import range_condition
 
 _PRIMARY_KEY = """
 SELECT a.attname
@@ -92,3 +101,30 @@ def condition(schema: str, name: str, key: list[str], key_range: KeyRange,
 def order_by(key: list[str]) -> sql.Composed:
     """`k1, k2`: the key's order (the primary key's index order)."""
     return sql.SQL(", ").join(map(sql.Identifier, key))
+
+def bound_row(table: sql.Composable, key: Sequence[str], bound: Mapping[str, object]) -> tuple[sql.Composed, list]:
+    """`((SELECT r.k1 FROM jsonb_populate_record(NULL::table, %s) r), ...)` and its params."""
+    text = json.dumps({column: bound[column] for column in key})
+    parts = [sql.SQL("(SELECT r.{} FROM jsonb_populate_record(NULL::{}, %s::jsonb) r)").format(
+        sql.Identifier(column), table) for column in key]
+    return sql.SQL("({})").format(sql.SQL(", ").join(parts)), [text] * len(key)
+
+
+def key_row(key: Sequence[str], alias: str | None = None) -> sql.Composed:
+    """`(t.k1, t.k2)`: the key columns as a row, to compare with bound_row."""
+    columns = [sql.Identifier(alias, c) if alias else sql.Identifier(c) for c in key]
+    return sql.SQL("({})").format(sql.SQL(", ").join(columns))
+
+
+def range_condition(table: sql.Composable, key: Sequence[str], lo: Mapping | None, hi: Mapping | None,
+                    alias: str | None = None) -> tuple[sql.Composed, list]:
+    """The condition selecting [lo, hi) of `table`'s key, and its params (TRUE: the whole table)."""
+    conditions, params = [], []
+    for bound, operator in ((lo, ">="), (hi, "<")):
+        if bound is None:
+            continue
+        row, values = bound_row(table, key, bound)
+        # ROW(...) even for one column: a one-column row compares like its value.
+        conditions.append(sql.SQL("{} {} {}").format(key_row(key, alias), sql.SQL(operator), row))
+        params += values
+    return (sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("TRUE")), params
