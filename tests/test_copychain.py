@@ -11,7 +11,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
-from trailbound.replicat import copychain
+from trailbound.replicat.apply import copychain
 
 pytestmark = pytest.mark.skipif(not copychain.available(), reason="psycopg2's libpq not found (not Linux)")
 

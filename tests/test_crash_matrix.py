@@ -281,8 +281,8 @@ def _terminate(dsn: str) -> int:
 
 _CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.bounded"),
                   "pump": ("trailbound.pump.run",),
-                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply", "trailbound.replicat.parallel",
-                               "trailbound.replicat.copychain")}
+                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply.serial",
+                               "trailbound.replicat.apply.parallel", "trailbound.replicat.apply.copychain")}
 # The threads parallel.py's lanes run on (ThreadPoolExecutor "replicat-lane-<n>_<i>").
 LANE_THREAD = "replicat-lane-"
 THREAD_ENV = "TRAILBOUND_MATRIX_CRASH_THREAD"
@@ -292,7 +292,8 @@ THREAD_DRIVER = f"""
 import os
 import threading
 from trailbound import crash
-from trailbound.replicat import apply, copychain, parallel, run
+from trailbound.replicat import run
+from trailbound.replicat.apply import copychain, parallel, serial as apply
 
 _fire, _on_lane = crash.crashpoint, os.environ.pop({THREAD_ENV!r}) == "lane"
 

@@ -25,9 +25,8 @@ from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.positions import Csn
-from trailbound.replicat import copychain
 from trailbound.replicat import target as tgt
-from trailbound.replicat.apply import ApplyError
+from trailbound.replicat.apply import ApplyError, copychain
 from trailbound.replicat.info import describe_replicat
 from trailbound.replicat.run import run_replicat
 from trailbound.trail import format as trail

@@ -31,10 +31,11 @@ from trailbound.errors import TrailboundError
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoints as ckpt
-from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
-from trailbound.replicat.netchange import Shape, copy_lines, format_line, net_changes, net_rows
+from trailbound.replicat.net import Shape, format_line
+from trailbound.replicat.net import arrow as netarrow
+from trailbound.replicat.net.spark import copy_lines, net_changes, net_rows
 from trailbound.replicat.chunks import TrailFile, cut, group_transactions, plan_chunk
 from trailbound.replicat.run import run_replicat
 
@@ -325,7 +326,7 @@ def test_the_python_net_change_writes_sparks_lines(spark):
     """netpython (the key-changing (unit, table)s of a chunk, without a JVM) and the
     Spark transform give the same lines, chains resolved the same way: the per-key
     cases above, and random work full of key changes (3 seeds, about 700 records)."""
-    from trailbound.replicat import netpython
+    from trailbound.replicat.net import python as netpython
 
     shapes = {"s.t": Shape.of(["id", "a", "n", "f"], ["id"]), "s.k": Shape.of(["x", "y"], [])}
     per_key = [(1, 1, "s.t", "INSERT", None, J({"id": 1, "a": "x", "n": None})),
@@ -371,7 +372,7 @@ def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, sp
     in Python, or by Spark when a chunk holds more of them than netpython.LIMIT: here 0)
     carry every awkward value to the target: NULL vs '', escapes, Unicode, numeric
     scale, bytea, arrays, jsonb, float extremes."""
-    from trailbound.replicat import netpython
+    from trailbound.replicat.net import python as netpython
 
     if key_changes == "Spark":
         monkeypatch.setattr(netpython, "LIMIT", 0)

@@ -25,7 +25,7 @@ from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import target as tgt
-from trailbound.replicat.parallel import ParallelApply
+from trailbound.replicat.apply.parallel import ParallelApply
 from trailbound.replicat.run import hold_target, release_target, run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]

@@ -22,7 +22,7 @@ import psycopg2
 from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
-from trailbound.load.keys import key_row, range_condition
+from trailbound.keyrange import key_row, range_condition
 from trailbound.metadata import connection_error
 
 if TYPE_CHECKING:  # planned by the driver (compare/run.py), which alone reaches the source's planner

@@ -8,12 +8,12 @@ from datetime import datetime, timezone
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import header, lag, times_note, timestamp, utc
-from trailbound.load.progress import describe_for_replicat as load_in_progress
 from trailbound.status import run_state
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
+from trailbound.replicat.loadinfo import load_in_progress
 from trailbound import files as trailfs
 
 
