@@ -1,4 +1,4 @@
-"""replicat/copychain.py on a real server: a target transaction of several COPYs and a
+"""replicat/apply/copychain.py on a real server: a target transaction of several COPYs and a
 tail in one query, as a parallel session sends a group. What the lanes rely on: the rows
 and the tail commit together, or nothing does; a server error comes back as psycopg2's
 class for its SQLSTATE; and the session is left ready for its next query either way."""

@@ -89,7 +89,7 @@ def _consistent_prefix(target_dsn: str, records: list[dict]) -> None:
     assert counts == _prefix_counts(records, row[0] if row else 0), (row, counts)
 
 
-# Each group as one query of chained COPYs (copychain.py), and, where that cannot be used,
+# Each group as one query of chained COPYs (apply/copychain.py), and, where that cannot be used,
 # as psycopg2's own queries.
 WAYS = pytest.mark.parametrize("way", ["copychain", "psycopg2"])
 

@@ -17,7 +17,7 @@ trailbound.trail_file as capture would. Results go to docs/benchmarks/replicat.m
   then 80% UPDATE (after images carrying the key and one or two changed columns, many
   keys updated several times), 10% INSERT, 10% DELETE.
 - key-change-heavy: as update-heavy, but a quarter of the UPDATEs move their row to a new
-  key (netted in Python, replicat/netpython.py, or by Spark past --key-change-limit
+  key (netted in Python, replicat/net/python.py, or by Spark past --key-change-limit
   records of them in a chunk).
 - plain COPY: the same number of rows COPY'd (text format, from the driver) into empty
   copies of the same tables, with their primary keys, in one transaction per table; the
@@ -386,7 +386,7 @@ def main() -> int:
     parser.add_argument("--grouptransops", type=int, nargs="+", default=[1000, 50_000])
     parser.add_argument("--work", nargs="+", default=["insert", "update"], choices=["insert", "update", "keychange"])
     parser.add_argument("--key-change-limit", type=int, default=None,
-                        help="records of key-changing (unit, table)s per chunk netted in Python (netpython.LIMIT; "
+                        help="records of key-changing (unit, table)s per chunk netted in Python (net.python.LIMIT; "
                              "more go to Spark); default: the engine's")
     parser.add_argument("--apply-parallelism", type=int, nargs="+", default=[2],
                         help="replicat's apply_parallelism (sessions applying insert-only groups at once)")
