@@ -107,6 +107,6 @@ def test_sources_and_dev_tools_stand_outside_the_engine():
              for name, deps in graph.items() if not name.startswith(outside)}
     assert sorted(name for name, deps in users.items() if deps) == ["trailbound.cli", "trailbound.compare.run",
                                                                      "trailbound.load.run"]
-    # and only the command line starts a load: the engine (replicat) uses the load's
-    # target-side modules, which reach no source
+    # and only the command line starts a load (replicat never imports the load; the
+    # load's other modules reach no source)
     assert sorted(name for name, deps in graph.items() if "trailbound.load.run" in deps) == ["trailbound.cli"]

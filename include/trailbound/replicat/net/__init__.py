@@ -56,10 +56,11 @@ linked lifetime the Spark transform hands back for `resolve_chains`, never appli
 
 A backend takes records (unit, seq: commit order, table, op: INSERT/UPDATE/DELETE,
 before, after: JSON text) and gives these lines, byte for byte the same whichever
-backend made them (tests/test_replicat.py holds them to it), each (unit, table, step)
-contiguous once sorted. arrow.py nets only the (unit, table)s without a key-changing
-UPDATE and hands back a mask of the rest; the rest goes to the `Backend` that
-`backend_for` picks by its size: python.py or spark.py, which net anything.
+backend made them but for the spelling of some floats (arrow.py says which;
+tests/test_replicat.py holds them to it), each (unit, table, step) contiguous once
+sorted. arrow.py nets only the (unit, table)s without a key-changing UPDATE and hands
+back a mask of the rest; the rest goes to the `Backend` that `backend_for` picks by its
+size: python.py or spark.py, which net anything.
 """
 
 from __future__ import annotations
