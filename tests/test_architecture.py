@@ -85,12 +85,6 @@ def test_no_import_cycle_between_engine_modules():
     assert _cycles(_graph(module_level=False)) == [], "modules that import each other (some inside functions)"
 
 
-# Package cycles still to go; nothing else may be added here.
-KNOWN_PACKAGE_CYCLES = [
-    ["trailbound.load", "trailbound.replicat"],  # removed by the replicat net/apply change
-]
-
-
 def _package(module: str) -> str:
     """The package a module belongs to: trailbound.load.run -> trailbound.load,
     trailbound.sources.postgres.miner -> trailbound.sources; a top-level module is its own."""
@@ -109,8 +103,7 @@ def test_no_import_cycle_between_engine_packages():
     """Packages (trailbound.load, trailbound.capture, trailbound.sources, ...) and top-level
     modules (trailbound.status, ...) taken whole: none imports one that imports it back."""
     cycles = sorted(_cycles(_package_graph()))
-    assert cycles == KNOWN_PACKAGE_CYCLES, \
-        "packages that import each other (or a known cycle is gone: delete it from KNOWN_PACKAGE_CYCLES)"
+    assert cycles == [], "packages that import each other"
 
 
 def test_the_engine_never_imports_airflow():

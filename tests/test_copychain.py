@@ -1,4 +1,4 @@
-"""replicat/copychain.py on a real server: a target transaction of several COPYs and a
+"""replicat/apply/copychain.py on a real server: a target transaction of several COPYs and a
 tail in one query, as a parallel session sends a group. What the lanes rely on: the rows
 and the tail commit together, or nothing does; a server error comes back as psycopg2's
 class for its SQLSTATE; and the session is left ready for its next query either way."""
@@ -11,7 +11,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
-from trailbound.replicat import copychain
+from trailbound.replicat.apply import copychain
 
 pytestmark = pytest.mark.skipif(not copychain.available(), reason="psycopg2's libpq not found (not Linux)")
 

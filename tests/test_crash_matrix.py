@@ -14,7 +14,7 @@ table row (equal to the last CSN of the remote trail), the purged trail files an
 archive segments. Every cell's divergence count goes into the matrix that
 `pytest_terminal_summary` (tests/conftest.py) prints at the end; any divergence fails.
 
-Parallel apply (replicat/parallel.py): REP1 groups two operations at least
+Parallel apply (replicat/apply/parallel.py): REP1 groups two operations at least
 (GROUPTRANSOPS), so the simulator's insert-only transactions make insert-only groups
 and each seed's replicat runs send about 150 of them to lanes (extra target sessions
 that commit in trail order); at the 40 it had before, none went. Replicat's cells name
@@ -100,7 +100,7 @@ UNTIL = (2.5, None)
 # round has nothing left to do; the others die before their commit, so the next kill in
 # the same round dies in a run that recovers from the previous one.
 # Replicat's points fire on the thread the cell names: "lane:<point>" only on a parallel
-# apply lane's thread (parallel.py: a group that only inserts, on a target session of its
+# apply lane's thread (apply/parallel.py: a group that only inserts, on a target session of its
 # own, while the run's own thread hands out the next group), a bare point only on the
 # run's own thread (its own session; the lanes' groups pass it by).
 LANE = "lane:"
@@ -281,9 +281,9 @@ def _terminate(dsn: str) -> int:
 
 _CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.bounded"),
                   "pump": ("trailbound.pump.run",),
-                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply", "trailbound.replicat.parallel",
-                               "trailbound.replicat.copychain")}
-# The threads parallel.py's lanes run on (ThreadPoolExecutor "replicat-lane-<n>_<i>").
+                  "replicat": ("trailbound.replicat.run", "trailbound.replicat.apply.serial",
+                               "trailbound.replicat.apply.parallel", "trailbound.replicat.apply.copychain")}
+# The threads apply/parallel.py's lanes run on (ThreadPoolExecutor "replicat-lane-<n>_<i>").
 LANE_THREAD = "replicat-lane-"
 THREAD_ENV = "TRAILBOUND_MATRIX_CRASH_THREAD"
 # What a killed replicat runs: CRASH_DRIVER, with its crash points firing only on the
@@ -292,7 +292,8 @@ THREAD_DRIVER = f"""
 import os
 import threading
 from trailbound import crash
-from trailbound.replicat import apply, copychain, parallel, run
+from trailbound.replicat import run
+from trailbound.replicat.apply import copychain, parallel, serial as apply
 
 _fire, _on_lane = crash.crashpoint, os.environ.pop({THREAD_ENV!r}) == "lane"
 

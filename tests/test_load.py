@@ -33,7 +33,7 @@ from trailbound import config as configuration
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.grouplock import AdvisoryLock
-from trailbound.load.progress import load_lock_key
+from trailbound.replicat.loadinfo import load_lock_key
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn
 from trailbound.pump.run import run_pump

@@ -25,9 +25,8 @@ from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.positions import Csn
-from trailbound.replicat import copychain
 from trailbound.replicat import target as tgt
-from trailbound.replicat.apply import ApplyError
+from trailbound.replicat.apply import ApplyError, copychain
 from trailbound.replicat.info import describe_replicat
 from trailbound.replicat.run import run_replicat
 from trailbound.trail import format as trail
@@ -90,7 +89,7 @@ def _consistent_prefix(target_dsn: str, records: list[dict]) -> None:
     assert counts == _prefix_counts(records, row[0] if row else 0), (row, counts)
 
 
-# Each group as one query of chained COPYs (copychain.py), and, where that cannot be used,
+# Each group as one query of chained COPYs (apply/copychain.py), and, where that cannot be used,
 # as psycopg2's own queries.
 WAYS = pytest.mark.parametrize("way", ["copychain", "psycopg2"])
 

@@ -31,10 +31,11 @@ from trailbound.errors import TrailboundError
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoints as ckpt
-from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
-from trailbound.replicat.netchange import Shape, copy_lines, format_line, net_changes, net_rows
+from trailbound.replicat.net import Shape, format_line
+from trailbound.replicat.net import arrow as netarrow
+from trailbound.replicat.net.spark import copy_lines, net_changes, net_rows
 from trailbound.replicat.chunks import TrailFile, cut, group_transactions, plan_chunk
 from trailbound.replicat.run import run_replicat
 
@@ -239,7 +240,7 @@ def _plan(source: str, columns: dict[str, str], key: list[str]) -> tgt.TablePlan
 
 
 def test_the_arrow_net_change_writes_sparks_lines_and_leaves_key_changes_to_it(spark):
-    """netarrow (vectorised, no JVM) and the Spark transform agree line for line on every
+    """net/arrow.py (vectorised, no JVM) and the Spark transform agree line for line on every
     (unit, table) without a key change; those with one are left to Spark. (Floats whose
     spelling differs, 1e-300 against Java's 1.0E-300, are left out: PostgreSQL reads
     both as the same double; test_awkward_values... carries such values to a target.)"""
@@ -322,10 +323,10 @@ def _key_changing_work(seed: int, units: int = 40) -> list[tuple]:
 
 
 def test_the_python_net_change_writes_sparks_lines(spark):
-    """netpython (the key-changing (unit, table)s of a chunk, without a JVM) and the
+    """net/python.py (the key-changing (unit, table)s of a chunk, without a JVM) and the
     Spark transform give the same lines, chains resolved the same way: the per-key
     cases above, and random work full of key changes (3 seeds, about 700 records)."""
-    from trailbound.replicat import netpython
+    from trailbound.replicat.net import python as netpython
 
     shapes = {"s.t": Shape.of(["id", "a", "n", "f"], ["id"]), "s.k": Shape.of(["x", "y"], [])}
     per_key = [(1, 1, "s.t", "INSERT", None, J({"id": 1, "a": "x", "n": None})),
@@ -368,10 +369,10 @@ AWKWARD_TABLES = [
 def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, spark, store, target_dsn, monkeypatch,
                                                                      key_changes):
     """An insert-only unit and a mixed unit (netted with Arrow) and a key update (netted
-    in Python, or by Spark when a chunk holds more of them than netpython.LIMIT: here 0)
+    in Python, or by Spark when a chunk holds more of them than net.python.LIMIT: here 0)
     carry every awkward value to the target: NULL vs '', escapes, Unicode, numeric
     scale, bytea, arrays, jsonb, float extremes."""
-    from trailbound.replicat import netpython
+    from trailbound.replicat.net import python as netpython
 
     if key_changes == "Spark":
         monkeypatch.setattr(netpython, "LIMIT", 0)
@@ -430,7 +431,7 @@ def test_the_cli_starts_spark_only_for_a_run_that_needs_it(tmp_path, spark, meta
     """`replicat run` applies a local trail of plain inserts, updates and deletes in a
     process that cannot start a JVM (JAVA_HOME points nowhere): the common run pays for
     no Spark session, and neither does one with a few key-changing UPDATEs (netted in
-    Python: netpython.py). Spark is asked for only past netpython.LIMIT such records in
+    Python: net/python.py). Spark is asked for only past net.python.LIMIT such records in
     a chunk, which test_awkward_values... drives in process."""
     archive = new_archive(tmp_path)
     archive.segment(1, [ins(10, "T1", 1), ins(11, "T1", 2), ins(12, "T1", 3), rec(13, "T1", "COMMIT"),

@@ -25,7 +25,7 @@ from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import target as tgt
-from trailbound.replicat.parallel import ParallelApply
+from trailbound.replicat.apply.parallel import ParallelApply
 from trailbound.replicat.run import hold_target, release_target, run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -122,7 +122,7 @@ def _crash(config_path, store, target_dsn, point: str, jvm) -> subprocess.Comple
 def test_a_crash_before_the_target_commit_leaves_nothing_then_the_rerun_converges(tmp_path, spark, store, target_dsn,
                                                                                  replay, driver_jvm):
     # The replay case on one session: a parallel session sends the group's commit with
-    # its last COPY's end (replicat/copychain.py), so its crash point comes before the
+    # its last COPY's end (replicat/apply/copychain.py), so its crash point comes before the
     # server has refused the row.
     config_path, config = _captured(tmp_path, spark, store, target_dsn, FOUR, handlecollisions=replay,
                                     apply_parallelism=1 if replay else None)

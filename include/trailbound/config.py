@@ -240,7 +240,7 @@ class ReplicatConfig(_Section):
     grouptransops: int = Field(default=1000, ge=1)  # GROUPTRANSOPS: operations per target transaction (at least)
     handlecollisions: bool = False     # HANDLECOLLISIONS: duplicate insert -> update; missing row -> skip, logged
     # APPLY_PARALLELISM: target sessions applying insert-only groups at once, committed in
-    # trail order (replicat/parallel.py); 1 applies every group on the run's one session.
+    # trail order (replicat/apply/parallel.py); 1 applies every group on the run's one session.
     apply_parallelism: int = Field(default=2, ge=1, le=16)
     checkpointtable: str = "trailbound.ggcheckpoint"  # CHECKPOINTTABLE [schema.]name in the target
 

@@ -5,7 +5,7 @@ integers, floats for float columns, or strings holding PostgreSQL's text input f
 Parsed with Arrow's JSON reader into each column's JSON kind, cast to text and escaped,
 a row becomes a COPY line: tab-separated, \\N for NULL, ending in a newline.
 
-Replicat formats the lines it applies with these functions (replicat/netarrow.py), and
+Replicat formats the lines it applies with these functions (replicat/net/arrow.py), and
 capture writes each INSERT's line into the trail with them (`insert_lines`), so that the
 two are the same bytes by construction. A line is written for a table's columns in the
 source's order (defs.json) and their JSON kinds: its *layout*, recorded in the trail

@@ -257,7 +257,7 @@ the native time). Both replicas were checked equal to the source table by table 
 
 What the times include: each trailbound stage is its own CLI process, so the capture time
 includes starting a JVM and a Spark session (seconds; tens of seconds on a loaded machine;
-replicat starts Spark only past netpython.LIMIT (300,000) key-changing UPDATEs in a
+replicat starts Spark only past net.python.LIMIT (300,000) key-changing UPDATEs in a
 chunk, and pgbench makes none); the native subscription's apply worker is already a
 server process. The native
 time runs from CREATE SUBSCRIPTION until the subscriber holds the last transaction

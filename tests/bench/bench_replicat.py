@@ -17,7 +17,7 @@ trailbound.trail_file as capture would. Results go to docs/benchmarks/replicat.m
   then 80% UPDATE (after images carrying the key and one or two changed columns, many
   keys updated several times), 10% INSERT, 10% DELETE.
 - key-change-heavy: as update-heavy, but a quarter of the UPDATEs move their row to a new
-  key (netted in Python, replicat/netpython.py, or by Spark past --key-change-limit
+  key (netted in Python, replicat/net/python.py, or by Spark past --key-change-limit
   records of them in a chunk).
 - plain COPY: the same number of rows COPY'd (text format, from the driver) into empty
   copies of the same tables, with their primary keys, in one transaction per table; the
@@ -168,8 +168,8 @@ def write_trail(transactions, prefix: Path, trail_module, defs=None) -> list:
 
 
 def copy_text(rows: list[dict], columns: list[str]) -> bytes:
-    from trailbound.replicat.apply import _text
-    from trailbound.replicat.netchange import copy_escape
+    from trailbound.replicat.apply.serial import _text
+    from trailbound.replicat.net import copy_escape
 
     return "".join("\t".join(copy_escape(_text(row[c])) for c in columns) + "\n" for row in rows).encode()
 
@@ -299,7 +299,8 @@ def target_digest(target_dsn: str) -> str:
 def warm_up(spark, work: Path, defs) -> None:
     """One small net change through Spark first: the JVM compiles its code on first use,
     which would otherwise land on whichever contender runs first."""
-    from trailbound.replicat.netchange import Shape, copy_lines, net_changes
+    from trailbound.replicat.net import Shape
+    from trailbound.replicat.net.spark import copy_lines, net_changes
 
     transactions, _ = generate("update", 20_000, seed=1)
     rows = [(n, s, table, op, json.dumps(before) if before else None, json.dumps(after) if after else None)
@@ -385,7 +386,7 @@ def main() -> int:
     parser.add_argument("--grouptransops", type=int, nargs="+", default=[1000, 50_000])
     parser.add_argument("--work", nargs="+", default=["insert", "update"], choices=["insert", "update", "keychange"])
     parser.add_argument("--key-change-limit", type=int, default=None,
-                        help="records of key-changing (unit, table)s per chunk netted in Python (netpython.LIMIT; "
+                        help="records of key-changing (unit, table)s per chunk netted in Python (net.python.LIMIT; "
                              "more go to Spark); default: the engine's")
     parser.add_argument("--apply-parallelism", type=int, nargs="+", default=[2],
                         help="replicat's apply_parallelism (sessions applying insert-only groups at once)")
@@ -403,7 +404,7 @@ def main() -> int:
     from trailbound.archive.segments import load_defs
     from trailbound.archive.writer import write_defs
     from trailbound.metadata import MetadataStore, dsn_from_env
-    from trailbound.replicat import netpython
+    from trailbound.replicat.net import python as netpython
     from trailbound.replicat.run import run_replicat
     from trailbound.sources.simulator import source_tables
 

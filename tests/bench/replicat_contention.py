@@ -41,7 +41,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from trailbound.metadata import MetadataStore, dsn_from_env
-    from trailbound.replicat import netarrow
+    from trailbound.replicat.net import arrow as netarrow
     from trailbound.replicat import run as replicat_run
 
     work, defs, transactions, files, config = bench.insert_workspace(args.rows, "trailbound-contention-")

@@ -47,7 +47,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from trailbound.metadata import MetadataStore, dsn_from_env
-    from trailbound.replicat import parallel
+    from trailbound.replicat.apply import parallel
     from trailbound.replicat import run as replicat_run
     from trailbound.replicat import target as tgt
 

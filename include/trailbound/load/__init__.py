@@ -4,13 +4,14 @@ and handing over to replicat with nothing lost and nothing applied twice
 
     copy.py      one Spark task per key-range chunk: COPY out of the source, COPY into the
                  target (the rows never pass through the driver)
-    progress.py  the load's progress in the metadata store (resume, `info replicat`)
-    windows.py   replicat's side of a watermark load: a chunk's rows applied at its high
-                 watermark's place in commit order, minus the keys the log changed
+    progress.py  the load's progress as it writes it to the metadata store (resume)
     run.py       `trailbound load`: at the slot's exported snapshot, or between watermarks
 
-Who may import what: `run.py` talks to the source as `sources/postgres/` does and is
-imported only by `cli.py`. `windows.py` and `progress.py` import nothing from
-`sources/`; replicat (run.py, chunks.py, info.py) imports them. Key ranges (planned, and
+Replicat's side of a load lives in replicat: `replicat/windows.py` applies a watermark
+load's chunks at their high watermarks (and names the watermark and window tables),
+`replicat/loadinfo.py` reads a load's progress back (`info replicat`, and this
+package). Who may import what: the load imports replicat, never the other way round;
+`run.py` talks to the source as `sources/postgres/` does and is imported only by
+`cli.py`; `copy.py` and `progress.py` import nothing from `sources/`. Key ranges (planned, and
 as SQL conditions) are trailbound/keyranges.py, shared with the compare.
 """

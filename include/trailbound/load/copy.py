@@ -14,7 +14,7 @@ replaced, never doubled.
 Between watermarks (`window_id`): a low watermark is committed in the source, the
 chunk is read and copied into its own staging table in the target (created and filled
 in one transaction), and only then the high watermark is committed. Replicat applies
-the staged rows when it reaches that high watermark (windows.py).
+the staged rows when it reaches that high watermark (replicat/windows.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import psycopg2
 from psycopg2 import sql
 
 from trailbound.keyranges import range_condition
-from trailbound.load.windows import WATERMARK, staging_table
+from trailbound.replicat.windows import WATERMARK, staging_table
 
 SESSION = ("-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c bytea_output=hex "
            "-c extra_float_digits=3")

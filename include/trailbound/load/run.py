@@ -11,8 +11,8 @@ replicat with nothing lost and nothing applied twice (docs/initial-load.md):
   held for the whole load: no run can apply the log onto half-loaded tables.
 - watermark (Netflix's DBLog): at any time, on tables already replicated; each chunk is
   read between a low and a high watermark written to the source, and replicat applies
-  it at the high watermark (windows.py). Progress is kept per chunk: a load killed
-  anywhere resumes from its first chunk not done.
+  it at the high watermark (replicat/windows.py). Progress is kept per chunk: a load
+  killed anywhere resumes from its first chunk not done.
 
 Talks to the source as `sources/postgres/` does (only cli.py imports this module).
 """
@@ -36,10 +36,11 @@ from trailbound.errors import TrailboundError
 from trailbound.grouplock import AdvisoryLock, GroupLock
 from trailbound.load import progress
 from trailbound.load.copy import SESSION, ChunkTask, copy_chunk
-from trailbound.load.windows import WATERMARK, WATERMARK_DDL, create_state
 from trailbound.metadata import MetadataStore, connection_error, dsn_from_env
+from trailbound.replicat import loadinfo
 from trailbound.replicat import target as tgt
 from trailbound import keyranges
+from trailbound.replicat.windows import WATERMARK, WATERMARK_DDL, create_state
 from trailbound.sources.postgres import state as miner_state
 from trailbound.tables import python_regex
 
@@ -52,7 +53,7 @@ class LoadResult:
     load_id: int
     mode: str
     replicat: str
-    tables: list[progress.TableProgress] = field(default_factory=list)
+    tables: list[loadinfo.TableProgress] = field(default_factory=list)
     seconds: float = 0.0
     resumed: bool = False
     note: str = ""
@@ -90,7 +91,7 @@ def run_load(spark, store: MetadataStore, config: Config, source: str, replicat:
     target_dsn = target_dsn or dsn_from_env(config.target.dsn_env)
     load = _Load(spark, store, config, source, name, pattern, chunk_rows, say, source_dsn, target_dsn)
     busy = f"a load for replicat {name} is running; try again when it ends"
-    with AdvisoryLock(store, progress.load_lock_key(name), busy):
+    with AdvisoryLock(store, loadinfo.load_lock_key(name), busy):
         return load.at_snapshot() if mode == "snapshot" else load.between_watermarks()
 
 
@@ -138,14 +139,14 @@ class _Load:
                 said = reposition(self.store, self.config, self.replicat, ["atcsn", str(snapshot.consistent.scn)],
                                   target_dsn=self.target_dsn)
             progress.finish(self.store, load_id)
-        return LoadResult(load_id, "snapshot", self.replicat, progress.tables(self.store, load_id),
+        return LoadResult(load_id, "snapshot", self.replicat, loadinfo.tables(self.store, load_id),
                           time.perf_counter() - began, note=said)
 
     def between_watermarks(self) -> LoadResult:
         began = time.perf_counter()
         self._prepare_watermarks()
         tables = self._tables()
-        running = progress.running(self.store, self.replicat, "watermark")
+        running = loadinfo.running(self.store, self.replicat, "watermark")
         if running and running["table_pattern"] != self.pattern:
             raise TrailboundError(f"load {running['load_id']} for replicat {self.replicat} (tables "
                                   f"{running['table_pattern']}) is not finished: run it again with --table "
@@ -161,11 +162,11 @@ class _Load:
         self._copy(load_id, lambda chunk: {"window_id": uuid.uuid4().hex})
         # Windows that never got their high watermark (a killed load's) are closed by
         # replicat when it sees their rows deleted; finished ones were applied before.
-        loaded = sorted(t.source_table for t in progress.tables(self.store, load_id))
+        loaded = sorted(t.source_table for t in loadinfo.tables(self.store, load_id))
         self._source(lambda cur: cur.execute(sql.SQL("DELETE FROM {} WHERE source_table = ANY(%s)").format(
             WATERMARK.ident), (loaded,)))
         progress.finish(self.store, load_id)
-        return LoadResult(load_id, "watermark", self.replicat, progress.tables(self.store, load_id),
+        return LoadResult(load_id, "watermark", self.replicat, loadinfo.tables(self.store, load_id),
                           time.perf_counter() - began, resumed=bool(running),
                           note=f"Replicat {self.replicat} applies each chunk when it reaches the chunk's high "
                                "watermark: run the pipeline (archive pull, extract, pump, replicat) as usual")
@@ -259,7 +260,7 @@ class _Load:
             copied += sum(d.rows for d in done)
             crashpoint("load_between_chunks")
             rate = copied / max(time.perf_counter() - began, 1e-6)
-            for table in progress.tables(self.store, load_id):
+            for table in loadinfo.tables(self.store, load_id):
                 if table.source_table in {d.source_table for d in done}:
                     self.say(f"LOAD {load_id}: {table.line(rate)}")
 

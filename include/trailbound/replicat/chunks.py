@@ -13,19 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
-from trailbound.load.windows import WATERMARK, high_watermarks
 from trailbound.positions import CSN_COLUMNS, Csn, TrailPosition, csn_at_or_below
+from trailbound.replicat.net.rows import NetRows
+from trailbound.replicat.windows import WATERMARK, high_watermarks
 from trailbound.trail import format as trails
-
-if TYPE_CHECKING:
-    from trailbound.replicat.netrows import NetRows
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class Chunk:
     end: TrailPosition
     unit_of_record: np.ndarray           # each record's unit (meaningful for applied records)
     group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
-    net: "NetRows | None" = None
+    net: NetRows | None = None
     images: "Callable[[], pa.Array] | None" = None   # the after images of `light`, when it lacks them
     _records: pa.Table | None = None
 

@@ -8,13 +8,13 @@ from datetime import datetime, timezone
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import header, lag, times_note, timestamp, utc
-from trailbound.load.progress import describe_for_replicat as load_in_progress
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
+from trailbound.replicat.loadinfo import load_in_progress
 from trailbound.replicat import target as tgt
-from trailbound.runlog import run_state
 from trailbound import files as trailfs
+from trailbound.runlog import run_state
 
 
 _TIMES = times_note("the Log Read Checkpoint and Audit TS (the source commit time of the last applied "

@@ -13,14 +13,15 @@
    transactions into target transactions (GROUPTRANSOPS operations at least; a
    transaction with a TRUNCATE starts a new group), and split groups into units at each
    TRUNCATE.
-4. Each unit's net change per table and key, as COPY lines: vectorised with Arrow
-   (netarrow.py); a (unit, table) with a key-changing UPDATE in Python (netpython.py),
-   or by Spark past netpython.LIMIT such records in a chunk (netchange.py). While the
-   driver applies one chunk, the next two are prepared in a background thread.
+4. Each unit's net change per table and key, as COPY lines (replicat/net/): vectorised
+   with Arrow (net/arrow.py); a (unit, table) with a key-changing UPDATE in Python
+   (net/python.py), or by Spark past net/python.py's LIMIT such records in a chunk
+   (net/spark.py). While the driver applies one chunk, the next two are prepared in a
+   background thread.
 5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
    table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    Groups that only insert run on `apply_parallelism` sessions at once, committed in
-   trail order (parallel.py).
+   trail order (apply/parallel.py).
    A group the fast path cannot apply is rolled back and replayed transaction by
    transaction (each its own target transaction with its checkpoint row); the record the
    target refuses stops the run, named by trail file, rba, CSN, table and key.
@@ -55,17 +56,17 @@ from trailbound.config import Config
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError, TrailError, changed_since_added
 from trailbound.grouplock import CRASH_GRACE, GroupBusy, GroupLock, lock_key
-from trailbound.load.windows import Windows
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
-from trailbound.replicat import netarrow
 from trailbound.replicat import target as tgt
-from trailbound.replicat.apply import (DATA_ERRORS, ApplyError, Collision, FastApplier, NeedsReplay, Replayer,
-                                       ReplayStats, record_key)
+from trailbound.replicat.apply import DATA_ERRORS, ApplyError, Collision, NeedsReplay
+from trailbound.replicat.apply.parallel import ParallelApply, lane_connection
+from trailbound.replicat.apply.serial import FastApplier, Replayer, ReplayStats, record_key
 from trailbound.replicat.chunks import Chunk, DeferredImages, Group, TrailFile, cut, plan_chunk
-from trailbound.replicat.parallel import ParallelApply, lane_connection
+from trailbound.replicat.net import arrow
+from trailbound.replicat.windows import Windows
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
@@ -202,7 +203,7 @@ class RunResult:
     operations: int = 0
     skipped: int = 0
     replayed_groups: int = 0
-    parallel_groups: int = 0    # applied on a parallel lane (parallel.py)
+    parallel_groups: int = 0    # applied on a parallel lane (apply/parallel.py)
     collisions: int = 0
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
@@ -255,8 +256,8 @@ class _Run:
         # its records lead to commits (`verified`), and before an error they led to is
         # reported (`checksum_error`).
         self.checksums: dict[int, trails.Checksum] = {}
-        # Insert-only groups on several sessions at once (parallel.py); their sessions open
-        # beside the first prepare (`chunks`).
+        # Insert-only groups on several sessions at once (apply/parallel.py); their
+        # sessions open beside the first prepare (`chunks`).
         self.parallel = (ParallelApply(self, replicat.apply_parallelism, lane_connection(config, target_dsn))
                          if replicat.apply_parallelism > 1 else None)
         self.current_dir = str(config.home)
@@ -309,8 +310,8 @@ class _Run:
             self.timer.add("prepare: read and verify trail files", time.perf_counter() - began)
             if part is None:
                 return
-            part = netarrow.trusted_lines(part, self.plans)
-            self.images.add(file.seqno, part, decode, now=netarrow.needs_images(part, self.plans))
+            part = arrow.trusted_lines(part, self.plans)
+            self.images.add(file.seqno, part, decode, now=arrow.needs_images(part, self.plans))
             yield part
 
     def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
@@ -322,7 +323,7 @@ class _Run:
         began = time.perf_counter()
         chunk = plan_chunk(files, tables, log_csn, self.grouptransops, self.images)
         planned = time.perf_counter()
-        from trailbound.replicat.netrows import compute_net  # pyspark: not for a run with nothing new
+        from trailbound.replicat.net.compute import compute_net  # not for a run with nothing new
 
         chunk.net = compute_net(self.start_spark, chunk, self.plans, self.workdir / f"chunk-{number}", self.timer)
         self.timer.add("prepare: plan groups", planned - began)
@@ -556,7 +557,7 @@ def starting_checkpoint(state: ckpt.ReplicatState, row: ckt.CheckpointRow | None
 def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, target_dsn: str | None = None) -> RunResult:
     """`spark`: a SparkSession, or a function that starts one. Spark is asked for only by
     a run that needs it (a trail outside the local filesystem, or more key-changing
-    UPDATEs in a chunk than netpython.LIMIT): the CLI's replicat of a local trail starts
+    UPDATEs in a chunk than net/python.py's LIMIT): the CLI's replicat of a local trail starts
     no JVM."""
     start_spark = spark_session.on_demand(spark)
     name = config.replicat_name(group)

@@ -1,73 +1,32 @@
-"""Net change: trail records in, one row per surviving change per table and key out.
+"""The Spark backend, for a chunk with more records of key-changing (unit, table)s than
+python.LIMIT (the contract: net/__init__.py). `net_changes` and `copy_lines` are pure
+DataFrame transforms (no I/O, no session of their own); `net_table`, the backend, runs
+them over a chunk's records through Parquet files.
 
-Pure DataFrame transforms (no I/O, no session of their own) plus the small pure-Python
-step that finishes them. Replicat groups many source transactions into one target
-transaction and splits each group into *units* (a TRUNCATE is applied on its own, never
-inside a unit). Inside a unit only the net effect on each row matters:
-
-- A row's *lifetime* on a key runs from where it appears (INSERT, an UPDATE that moves a
-  row onto the key, or the start of the unit for a row the target already has) to where
-  it goes (DELETE, an UPDATE that moves it to another key, or the end of the unit). The
-  source's keys are unique at every moment, so the lifetimes on one key follow each
-  other; a key inserted, updated and deleted inside the unit leaves nothing.
-- Column values fold in commit order. A column absent from every image of a row the
-  target already holds keeps the target's value: the row carries which columns are
-  present (the mask of its COPY line).
 - Every expression is static: per-table CASE over positional columns (v0, v1, ... are
   the table's columns in order), which Spark compiles; no higher-order functions, which
   it would interpret row by row, and images parsed into their table's struct rather than
   a map (measured: each several times slower).
-- A primary-key UPDATE ends one lifetime and starts another: the two are *linked*, and a
-  chain of linked lifetimes is one row wandering through keys. Spark marks linked
-  lifetimes as kind L; `resolve_chains` (plain Python: key updates are rare, and a chain
-  is a walk, which a join-per-step plan would do badly) turns them into net rows.
-
-Net rows, per (unit, table):
-
-| kind | meaning | okey | vals |
-|---|---|---|---|
-| I | insert a new row | - | every column |
-| D | delete the target's row at okey | origin key | - |
-| U | update the target's row at okey in place | origin key | present columns |
-| M | move the target's row at okey: delete it, insert it merged at its new key | origin key | present columns |
-| X | input no source could produce (a broken chain): apply the unit record by record | - | - |
-
-A key is the list of the key columns' values as the images carry them (PostgreSQL text
-input forms); a keyless table is keyed by all its columns.
+- Linked lifetimes (rows moved by key updates) come out as kind L, their lifetime as
+  JSON; `net_table` resolves their chains on the driver (net.resolve_chains).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import shutil
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from trailbound.copytext import COPY_ESCAPES, COPY_NULL
-
-
-# Touch roles: what a record does to one key.
-NEW, MOVED_IN, MODIFY, DELETED, MOVED_OUT = "new", "moved_in", "modify", "deleted", "moved_out"
-ENDS = (DELETED, MOVED_OUT)               # a lifetime ends at these
-CARRIES_IMAGE = (NEW, MOVED_IN, MODIFY)   # these fold the record's image into the row
-
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A source table as the transform sees it: its columns in order and its key (all
-    columns when the table has none)."""
-
-    columns: tuple[str, ...]
-    key: tuple[str, ...]
-
-    @classmethod
-    def of(cls, columns, key) -> "Shape":
-        return cls(tuple(columns), tuple(key) or tuple(columns))
-
-
-Shapes = dict[str, Shape]
+from trailbound.replicat.net import (CARRIES_IMAGE, DELETED, ENDS, LINES_SCHEMA, MODIFY, MOVED_IN, MOVED_OUT, NEW,
+                                     STEP, Backend, Shapes, lifetime_of, lines_of, resolve_chains)
 
 
 def _per_table(shapes: Shapes, build, default=None) -> Column:
@@ -191,72 +150,10 @@ def net_changes(records: DataFrame, shapes: Shapes) -> DataFrame:
         .where(F.col("kind").isNotNull()))
 
 
-def lifetime_of(row: dict, shape: Shape) -> dict:
-    """A kind L row (as `copy_lines` sends it: JSON) in the form `resolve_chains` takes."""
-    return {"unit": row["unit"], "table": row["table"], "first_seq": row["first_seq"],
-            "first_role": row["first_role"], "last_seq": row["last_seq"], "last_role": row["last_role"],
-            "okey": list(row["okey"] or [])[:len(shape.key)],
-            "vals": {c: row["v"][i] for i, c in enumerate(shape.columns) if row["p"][i]}}
-
-
-def resolve_chains(lifetimes: list[dict]) -> list[dict]:
-    """Kind L rows (lifetimes linked by key-changing UPDATEs: rare) -> net rows.
-
-    A key-changing UPDATE is the last record of one lifetime (moved out) and the first of
-    the next (moved in): follow each chain from its head (a lifetime that was not moved
-    in) to its tail, folding the images in order. The result row has the head's origin
-    (a new row, or the target's row at the head's key) and the tail's fate. A lifetime
-    no chain reaches (input the source could not have produced) becomes kind X."""
-    by_unit_table: dict[tuple, list[dict]] = {}
-    for row in lifetimes:
-        by_unit_table.setdefault((row["unit"], row["table"]), []).append(row)
-    out = []
-    for (unit, table), rows in by_unit_table.items():
-        moved_in = {row["first_seq"]: row for row in rows if row["first_role"] == MOVED_IN}
-        reached = 0
-        for head in sorted((r for r in rows if r["first_role"] != MOVED_IN), key=lambda r: r["first_seq"]):
-            vals, node = dict(head["vals"] or {}), head
-            reached += 1
-            while node["last_role"] == MOVED_OUT and node["last_seq"] in moved_in:
-                node = moved_in.pop(node["last_seq"])
-                reached += 1
-                vals.update(node["vals"] or {})
-            if node["last_role"] == MOVED_OUT:
-                kind = "X"
-            elif head["first_role"] == NEW:
-                kind = None if node["last_role"] == DELETED else "I"
-            elif node["last_role"] == DELETED:
-                kind = "D"
-            else:
-                kind = "U" if list(node["okey"]) == list(head["okey"]) else "M"
-            if kind is not None:
-                out.append({"unit": unit, "table": table, "kind": kind,
-                            "okey": list(head["okey"]) if kind in ("D", "U", "M") else None,
-                            "vals": vals if kind in ("I", "U", "M") else None})
-        if reached < len(rows):
-            out.append({"unit": unit, "table": table, "kind": "X", "okey": None, "vals": None})
-    return out
-
-
 def _escaped(value: Column) -> Column:
     for raw, escaped in COPY_ESCAPES:
         value = F.replace(value, F.lit(raw), F.lit(escaped))
     return F.coalesce(value, F.lit(COPY_NULL))
-
-
-def copy_escape(value: str | None) -> str:
-    """The same escaping in Python (chains resolved on the driver, tests)."""
-    if value is None:
-        return COPY_NULL
-    for raw, escaped in COPY_ESCAPES:
-        value = value.replace(raw, escaped)
-    return value
-
-
-STAGED_KINDS = ("D", "U", "M")
-# Order of application within a unit and table: 0 X (replay), 1 staged D/U/M, 2 I; 3 is a
-# linked lifetime Spark hands back for `resolve_chains`.
-STEP = {"X": 0, "D": 1, "U": 1, "M": 1, "I": 2, "L": 3}
 
 
 def copy_lines(net: DataFrame, shapes: Shapes) -> DataFrame:
@@ -265,8 +162,8 @@ def copy_lines(net: DataFrame, shapes: Shapes) -> DataFrame:
     An I line is the row's columns in the table's column order, for COPY straight into
     the target. A staged line is: kind, mask (1/0 per column: carried by the images?),
     the origin key's columns, then every column (\\N where absent), for the staging table.
-    An L line is the lifetime as JSON, for `resolve_chains`; `format_line` formats what
-    that returns exactly as this does."""
+    An L line is the lifetime as JSON, for `resolve_chains`; net.format_line formats
+    what that returns exactly as this does."""
     width, key_width = _widths(shapes)
     values = _per_table(shapes, lambda s: F.concat_ws("\t", *[_escaped(F.col(f"v{i}")) for i in range(len(s.columns))]))
     mask = _per_table(shapes, lambda s: F.concat(*[F.when(F.col(f"p{i}"), "1").otherwise("0")
@@ -287,18 +184,6 @@ def copy_lines(net: DataFrame, shapes: Shapes) -> DataFrame:
         .otherwise(F.concat(F.concat_ws("\t", kind, mask, okey, values), F.lit("\n"))).alias("line"))
 
 
-def format_line(row: dict, shape: Shape) -> str:
-    """A net row (as `resolve_chains` returns it) as `copy_lines` would format it."""
-    kind, vals = row["kind"], row["vals"] or {}
-    values = "\t".join(copy_escape(vals.get(c)) for c in shape.columns)
-    if kind == "I":
-        return values + "\n"
-    if kind == "X":
-        return ""
-    mask = "".join("1" if c in vals else "0" for c in shape.columns)
-    return "\t".join([kind, mask, "\t".join(copy_escape(v) for v in row["okey"]), values]) + "\n"
-
-
 def net_rows(records: DataFrame, shapes: Shapes) -> list[dict]:
     """The whole net change as dicts, chains resolved: for tests and inspection (it
     collects to the driver)."""
@@ -316,3 +201,37 @@ def net_rows(records: DataFrame, shapes: Shapes) -> list[dict]:
                          "okey": as_dict["okey"] if row["kind"] != "I" else None,
                          "vals": as_dict["vals"] if row["kind"] in ("I", "U") else None})
     return rows + resolve_chains(linked)
+
+
+def net_table(records: pa.Table, shapes: Shapes, start_spark, workdir: Path) -> pa.Table:
+    """The backend (net.Backend): the transform over `records` (through Parquet files in
+    `workdir`) on the session `start_spark` gives, its chains resolved."""
+    spark = start_spark()
+    inputs, outputs = workdir / "in", workdir / "out"
+    shutil.rmtree(workdir, ignore_errors=True)
+    inputs.mkdir(parents=True)
+    # Several files, so that Spark reads (and parses the images) in parallel.
+    pieces = max(1, min(spark.sparkContext.defaultParallelism, len(records) // 20_000))
+    step = -(-len(records) // pieces)
+    for number, offset in enumerate(range(0, len(records), step)):
+        pq.write_table(records.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
+    net = net_changes(spark.read.parquet(str(inputs)), shapes)
+    copy_lines(net, shapes).write.mode("overwrite").parquet(str(outputs))
+    lines = _with_chains_resolved(pq.read_table(outputs, schema=LINES_SCHEMA), shapes)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return lines
+
+
+def _with_chains_resolved(lines: pa.Table, shapes: Shapes) -> pa.Table:
+    """Replace the linked lifetimes (kind L: rows moved by key updates) with the net
+    rows their chains come to."""
+    linked = pc.equal(lines.column("kind"), "L")
+    if not pc.any(linked).as_py():
+        return lines
+    lifetimes = [lifetime_of(json.loads(text) | {"unit": unit, "table": table}, shapes[table])
+                 for unit, table, text in zip(*(lines.filter(linked).column(c).to_pylist()
+                                                for c in ("unit", "table", "line")))]
+    return pa.concat_tables([lines.filter(pc.invert(linked)), lines_of(resolve_chains(lifetimes), shapes)])
+
+
+BACKEND = Backend("spark", "prepare: net change (Spark)", net_table)

@@ -43,9 +43,9 @@ import psycopg2.extensions
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.replicat import copychain
 from trailbound.replicat import target as tgt
-from trailbound.replicat.apply import DATA_ERRORS, Collision, FastApplier, NeedsReplay
+from trailbound.replicat.apply import DATA_ERRORS, Collision, NeedsReplay, copychain
+from trailbound.replicat.apply.serial import FastApplier
 from trailbound.replicat.chunks import Chunk, Group
 
 log = logging.getLogger("trailbound.replicat")

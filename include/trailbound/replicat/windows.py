@@ -24,7 +24,8 @@ the watermarks had the same row all through the window, so the chunk's copy of i
 inside the window, is its state at the high watermark; a key changed in the window is
 already in the target as the log left it.
 
-Imports nothing from `sources/` (replicat uses it); pyarrow only.
+The load (load/run.py, load/copy.py) takes the watermark table, the window tables and
+the staging tables' names from here. Imports nothing from `sources/` or `load/`.
 """
 
 from __future__ import annotations

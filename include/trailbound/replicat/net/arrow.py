@@ -1,24 +1,24 @@
 """Net change with Arrow: the (unit, table)s whose keys never change, vectorised.
 
-The same net change as netchange.py (read its docstring for lifetimes, kinds and the
-COPY lines), for the common case where no UPDATE moves a row to another key. Then every
-record touches exactly one key and a row's lifetimes on a key are cut only by DELETEs,
-so the whole transform is: parse the images with Arrow's JSON reader (typed by the
-target's catalog), sort by (unit, key, seq), cut lifetimes, fold each column to the
-last image that carried it, format COPY lines. No Python loop over records, no JVM; it
-runs wherever the records are (the driver, or a Spark task through `mapInArrow`).
+The net change of the contract (net/__init__.py: read its docstring for lifetimes, kinds
+and the COPY lines), for the common case where no UPDATE moves a row to another key.
+Then every record touches exactly one key and a row's lifetimes on a key are cut only
+by DELETEs, so the whole transform is: parse the images with Arrow's JSON reader (typed
+by the target's catalog), sort by (unit, key, seq), cut lifetimes, fold each column to
+the last image that carried it, format COPY lines. No Python loop over records, no JVM;
+it runs wherever the records are (the driver, or a Spark task through `mapInArrow`).
 
-What it leaves to netpython.py (or, for many records, the Spark transform: records of
-those (unit, table)s, in a mask):
-key-changing UPDATEs (chains of moved rows), images that do not parse into the target's
-JSON kinds, column names whose JSON spelling is not certain (non-ASCII, quotes).
+What it leaves to the backend net.backend_for picks (python.py or, for many records,
+spark.py: records of those (unit, table)s, in a mask): key-changing UPDATEs (chains of
+moved rows), images that do not parse into the target's JSON kinds, column names whose
+JSON spelling is not certain (non-ASCII, quotes).
 
 Which columns an UPDATE's after image carries is read from the image text: the pattern
 `"name"\\s*:` can only match a key of the image's object (inside a JSON string every quote
-is escaped, and a nested object does not parse into the flat schema, so that table goes to
-Spark). Lines are byte for byte what `netchange.copy_lines` writes, except for the
-spelling of floats (Arrow writes 1e-300 where Java writes 1.0E-300): PostgreSQL reads
-both as the same double.
+is escaped, and a nested object does not parse into the flat schema, so that table is
+left to the other backends). Lines are byte for byte what `spark.copy_lines` writes,
+except for the spelling of floats (Arrow writes 1e-300 where Java writes 1.0E-300):
+PostgreSQL reads both as the same double.
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.copytext import copy_lines, copy_values, fields as _fields, layout, parse_images
-from trailbound.replicat.netchange import STEP
+from trailbound.replicat.net import LINES_SCHEMA, STEP
 from trailbound.replicat.target import TablePlan
 from trailbound.trail import format as trails
 
-LINES_SCHEMA = pa.schema([("unit", pa.int64()), ("table", pa.string()), ("kind", pa.string()), ("step", pa.int8()),
-                          ("line", pa.string())])
 RECORDS_SCHEMA = pa.schema([("unit", pa.int64()), ("seq", pa.int64()), ("table", pa.string()), ("op", pa.string()),
                             ("before", pa.string()), ("after", pa.string())])
 _REGEX_SPECIAL = set(r".^$*+?()[]{}|\-/")
@@ -62,7 +60,7 @@ class ImagesNeeded(Exception):
 def needs_images(part: pa.Table, plans: dict[str, TablePlan | None]) -> bool:
     """Whether replicat will need the after images of these records (as trusted_lines
     left them): unless every one is an INSERT carrying its COPY line into a keyed table
-    (a keyless table's inserts are compared whole, image by image: netrows)."""
+    (a keyless table's inserts are compared whole, image by image: compute.py)."""
     if part.column("copy_line").null_count or not pc.all(pc.equal(part.column("op"), "INSERT")).as_py():
         return True
     return any(plans.get(name) is None or plans[name].keyless for name in pc.unique(part.column("table")).to_pylist())

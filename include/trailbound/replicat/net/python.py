@@ -1,16 +1,16 @@
-"""Net change in plain Python, for the few records netarrow leaves (the (unit, table)s
-with a key-changing UPDATE): the lifetimes and COPY lines of the Spark transform
-(netchange.py: read its docstring), without starting a JVM.
+"""The Python backend: net change in plain Python, for the few records arrow.py leaves
+(the (unit, table)s with a key-changing UPDATE): the lifetimes and COPY lines of the
+contract (net/__init__.py: read its docstring), without starting a JVM.
 
 Key changes are rare, and a replicat run that meets a few of them used to start Spark
 for them: a JVM and a session (5-10 s on two CPUs) to net a handful of records. Here
 they take ~25 us each, in the thread that prepares the next chunk while one is applied.
 Measured (bench_replicat.py --work keychange, 300,000 changes, docs/benchmarks/
 replicat.md): 7.1 s in Python against 17.9 s on an already warm local Spark. Replicat
-hands Spark only a chunk with more of them than `LIMIT`: a full chunk (run.CHUNK_RECORDS,
-250,000, and the rest of the transaction it ends in) is netted here; a bigger one holds
-a transaction of hundreds of thousands of records, which Spark nets without holding
-them as Python objects in the driver.
+hands Spark (spark.py) only a chunk with more of them than `LIMIT` (net.backend_for): a
+full chunk (run.CHUNK_RECORDS, 250,000, and the rest of the transaction it ends in) is
+netted here; a bigger one holds a transaction of hundreds of thousands of records, which
+Spark nets without holding them as Python objects in the driver.
 
 Values are the images' JSON values as text, as Spark's `from_json` into string fields
 gives them: strings as they are, integers and floats in the image's own spelling,
@@ -25,9 +25,8 @@ import json
 import pyarrow as pa
 
 from trailbound.archive.writer import encode_json
-from trailbound.replicat.netarrow import LINES_SCHEMA
-from trailbound.replicat.netchange import (CARRIES_IMAGE, DELETED, ENDS, MODIFY, MOVED_IN, MOVED_OUT, NEW, STEP,
-                                           Shape, format_line, resolve_chains)
+from trailbound.replicat.net import (CARRIES_IMAGE, DELETED, ENDS, MODIFY, MOVED_IN, MOVED_OUT, NEW, Backend, Shape,
+                                     Shapes, lines_of, resolve_chains)
 
 # The most records of key-changing (unit, table)s per chunk netted here; more go to Spark.
 LIMIT = 300_000
@@ -66,8 +65,8 @@ def _touches(op: str, before: dict, after: dict, shape: Shape) -> list[tuple[tup
 
 def net_lines(records: list[dict], shapes: dict[str, Shape]) -> pa.Table:
     """records: unit, seq (commit order), table, op, before, after (the applied DML
-    records of some (unit, table)s). Returns their COPY lines as netchange.copy_lines
-    writes them (chains resolved, as netrows does after Spark), netarrow.LINES_SCHEMA."""
+    records of some (unit, table)s). Returns their COPY lines as spark.copy_lines
+    writes them (chains resolved, as spark.net_table does), net.LINES_SCHEMA."""
     lifetimes: dict[tuple, list[dict]] = {}   # (unit, table, key) -> its lifetimes in order
     for record in sorted(records, key=lambda r: r["seq"]):
         shape = shapes[record["table"]]
@@ -99,9 +98,9 @@ def net_lines(records: list[dict], shapes: dict[str, Shape]) -> pa.Table:
     return lines_of(rows + resolve_chains(linked), shapes)
 
 
-def lines_of(rows: list[dict], shapes: dict[str, Shape]) -> pa.Table:
-    """Net rows (unit, table, kind, okey, vals: as resolve_chains gives them) as COPY
-    lines, netarrow.LINES_SCHEMA."""
-    return pa.table({"unit": [r["unit"] for r in rows], "table": [r["table"] for r in rows],
-                     "kind": [r["kind"] for r in rows], "step": [STEP[r["kind"]] for r in rows],
-                     "line": [format_line(r, shapes[r["table"]]) for r in rows]}, schema=LINES_SCHEMA)
+def net_table(records: pa.Table, shapes: Shapes, start_spark, workdir) -> pa.Table:
+    """The backend (net.Backend): `records` as dicts, netted here (no session, no files)."""
+    return net_lines(records.to_pylist(), shapes)
+
+
+BACKEND = Backend("python", "prepare: net change (key changes, Python)", net_table)

@@ -1,9 +1,10 @@
-"""Applying to the target: the fast path (net rows, COPY, set-based merge) and the
-record-by-record replay it falls back to.
+"""Applying to the target on the run's own session: the fast path (net rows, COPY,
+set-based merge) and the record-by-record replay it falls back to (the contract:
+apply/__init__.py).
 
 Fast path:
 
-1. Per chunk, COPY each table's staged rows (kinds D, U, M; see netchange.py), with
+1. Per chunk, COPY each table's staged rows (kinds D, U, M; see replicat/net/), with
    their unit, into a temporary staging table typed like the target (PostgreSQL parses
    every value itself), committed on its own: scratch, not data.
 Then per unit, inside the group's one target transaction:
@@ -35,32 +36,12 @@ from psycopg2 import sql
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
+from trailbound.replicat.apply import Collision
 from trailbound.replicat.target import TablePlan
 
 log = logging.getLogger("trailbound.replicat")
 
 _COPY_CHUNK = 1 << 20
-# Errors that say "this group's data does not fit the target as it is": replay the group
-# record by record to find (or, with HANDLECOLLISIONS, absorb) the record responsible.
-DATA_ERRORS = (psycopg2.IntegrityError, psycopg2.DataError)
-
-
-class Collision(Exception):
-    """A fast-path step touched a different number of rows than the net change expects."""
-
-
-class NeedsReplay(Exception):
-    """The net change could not be computed set-wise for a unit (a chain of key updates
-    too long to resolve): apply it record by record."""
-
-
-class ApplyError(TrailboundError):
-    """A trail record the target refuses. Names the trail file, rba, CSN, table and key."""
-
-    def __init__(self, path: str, rba: int, csn, xid: str, op: str, table: str, key: dict | None, message: str):
-        self.path, self.rba, self.csn, self.xid, self.op, self.table, self.key = path, rba, csn, xid, op, table, key
-        shown_key = json.dumps(key, ensure_ascii=False) if key is not None else "-"
-        super().__init__(f"{path} rba {rba}: CSN {csn} xid {xid!r}: {op} on {table} key {shown_key}: {message}")
 
 
 class _Payload:

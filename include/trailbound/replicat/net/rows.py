@@ -1,0 +1,99 @@
+"""A chunk's net rows as apply reads them: `NetRows` indexes the COPY lines (the contract:
+net/__init__.py) so that the lines of one (unit, table, step) are sent to the target as
+one slice, and gathers each table's staged lines for its staging table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trailbound import copytext
+from trailbound.replicat.net import STEP
+
+
+@dataclass
+class UnitTable:
+    table: str
+    staged: tuple[int, int, int] | None = None       # (part, first line, past the last)
+    counts: dict[str, int] = field(default_factory=dict)
+    inserts: tuple[int, int, int] | None = None
+    unresolved: bool = False
+
+
+class NetRows:
+    """COPY lines for a chunk, as slices: the lines of one (unit, table, step) are one
+    contiguous slice of one part's data buffer, sent as is. A part must hold each
+    (unit, table, step) contiguously (Arrow-made lines do, table by table); Spark's are
+    sorted first."""
+
+    def __init__(self, parts: list[pa.Table]):
+        self._buffers: list[tuple[memoryview, np.ndarray]] = []
+        self.units: dict[int, list[UnitTable]] = {}
+        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its unit
+        for table in parts:
+            if len(table):
+                self._add(table)
+        self._stage(parts)
+
+    def _stage(self, parts: list[pa.Table]) -> None:
+        """The staging table's COPY text per table: the staged lines (step 1) of every
+        part, each led by its unit."""
+        pieces: dict[str, list[pa.Buffer]] = {}
+        for table in parts:
+            if not len(table):
+                continue
+            staged = table.filter(pc.equal(table.column("step"), STEP["D"]))
+            for name in pc.unique(staged.column("table")).to_pylist():
+                rows = staged.filter(pc.equal(staged.column("table"), name))
+                led = pc.binary_join_element_wise(rows.column("unit").cast(pa.string()), rows.column("line"), "\t")
+                pieces.setdefault(name, []).append(copytext.joined(led.combine_chunks()))
+        self.staged = {name: memoryview(b"".join(buffers) if len(buffers) > 1 else buffers[0])
+                       for name, buffers in pieces.items()}
+
+    def _add(self, table: pa.Table) -> None:
+        part = len(self._buffers)
+        lines = table.column("line").combine_chunks()
+        if not pa.types.is_large_string(lines.type):
+            lines = lines.cast(pa.large_string())
+        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
+        self._buffers.append((memoryview(lines.buffers()[2]) if lines.buffers()[2] is not None else memoryview(b""),
+                              offsets))
+        units = table.column("unit").to_numpy()
+        steps = table.column("step").to_numpy()
+        names = table.column("table").combine_chunks().dictionary_encode()
+        codes = names.indices.to_numpy()
+        dictionary = names.dictionary.to_pylist()
+        # The kinds are counted for staged lines only: an insert-only part converts none.
+        kinds = table.column("kind").to_numpy(zero_copy_only=False) if (steps == STEP["D"]).any() else None
+        cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
+                                    (steps[1:] != steps[:-1]), True])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            unit, name, step = int(units[a]), dictionary[codes[a]], int(steps[a])
+            entries = self.units.setdefault(unit, [])
+            entry = next((e for e in entries if e.table == name), None)
+            if entry is None:
+                entry = UnitTable(name)
+                entries.append(entry)
+            if step == 0:
+                entry.unresolved = True
+            elif step == 1:
+                entry.staged = (part, a, b)
+                found, counts = np.unique(kinds[a:b], return_counts=True)
+                entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
+            else:
+                entry.inserts = (part, a, b)
+
+    def tables(self) -> set[str]:
+        """The source tables the chunk's net rows touch."""
+        return {entry.table for entries in self.units.values() for entry in entries}
+
+    def view(self, span: tuple[int, int, int] | None) -> memoryview | None:
+        if span is None:
+            return None
+        part, a, b = span
+        data, offsets = self._buffers[part]
+        return data[int(offsets[a]):int(offsets[b])]
