@@ -40,8 +40,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -275,67 +273,18 @@ def info_retention(ctx: Context) -> int:
 # ---------------------------------------------------------------- extract
 
 def extract_run(ctx: Context) -> int:
+    from trailbound.capture.pulling import run_extract_pulling
     from trailbound.capture.run import run_extract
 
     if ctx.args.pull:
-        return _extract_run_pulling(ctx)
+        pulled = run_extract_pulling(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group,
+                                     config_file=ctx.args.config, until=ctx.args.until, brreset=ctx.args.brreset)
+        print(pulled.describe())
+        pulled.check()
+        return 0
     result = run_extract(ctx.spark, ctx.store, ctx.config, ctx.args.group, until=ctx.args.until,
                          brreset=ctx.args.brreset)
     print(result.describe())
-    return 0
-
-
-def _extract_run_pulling(ctx: Context) -> int:
-    """`extract run G --pull`: `archive pull` of the extract's PostgreSQL source in a child
-    process, and capture here at the same time: a round over what the archive holds
-    whenever the last one ends, and one more once the pull has ended. The rounds keep
-    Spark's JVM busy (and warm) while the WAL is still being read, instead of starting it
-    cold after the pull; each round is an ordinary run over complete segments (the pull
-    writes the manifest last), so the trail is what a pull then a run would write."""
-    import subprocess
-    import tempfile
-
-    from trailbound.capture.run import run_extract
-
-    if ctx.args.until:
-        raise TrailboundError("--pull reads the source up to now: it cannot be given with --until (a past interval "
-                              "is captured from what is archived already)")
-    name = ctx.config.extract_name(ctx.args.group)
-    source = ctx.config.source_name(ctx.config.extract(name).source)
-    ctx.config.postgres(source)  # a ConfigError unless the source is a PostgreSQL database
-    config = ["--config", str(ctx.args.config)] if ctx.args.config else []  # else the child's environment names it
-    # The child's output goes to files, not pipes: nothing reads it until the end.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.monotonic()
-        pulling = subprocess.Popen([sys.executable, "-m", "trailbound.cli", *config, "archive", "pull", source],
-                                   stdout=out, stderr=err, text=True)
-        ended: list[float] = []  # when the pull ended, noted by a thread that waits for it
-        waiter = threading.Thread(target=lambda: (pulling.wait(), ended.append(time.monotonic())), daemon=True)
-        waiter.start()
-        rounds, brreset = [], ctx.args.brreset
-        try:
-            while True:
-                pull_ended = bool(ended)
-                rounds.append(run_extract(ctx.spark, ctx.store, ctx.config, name, brreset=brreset))
-                brreset = False  # one normal recovery: the first round's
-                if pull_ended:
-                    break
-                if rounds[-1].note:  # nothing new archived yet
-                    waiter.join(timeout=0.5)
-        except BaseException:
-            pulling.kill()
-            waiter.join()
-            raise
-        out.seek(0)
-        err.seek(0)
-        pulled, errors = out.read().strip(), err.read()
-    print(f"{pulled}; pulled in {ended[0] - started:.1f} s, beside {len(rounds) - 1} capture round(s)")
-    for result in [r for r in rounds[:-1] if not r.note] + rounds[-1:]:
-        print(result.describe())
-    if pulling.returncode:
-        failed = [line.removeprefix("ERROR ") for line in errors.splitlines() if line.startswith("ERROR ")]
-        reason = failed[-1] if failed else f"exit status {pulling.returncode}: {errors.strip()[-500:]}"
-        raise TrailboundError(f"archive pull {source}: {reason}")
     return 0
 
 
@@ -382,22 +331,21 @@ def add_extract(ctx: Context) -> int:
 
 
 def delete_extract(ctx: Context) -> int:
+    from trailbound import retention
+    from trailbound.capture import checkpoints as ckpt
     from trailbound.capture.run import group_lock
 
     name = ctx.config.extract_name(ctx.args.group)
     with group_lock(ctx.store, name), ctx.store.transaction() as cur:
-        cur.execute("DELETE FROM trailbound.extract_group WHERE group_name = %s", (name,))
-        if cur.rowcount == 0:
+        if not ckpt.delete_group(cur, name):
             raise TrailboundError(f"extract {name} is not added")
         # The registration outlives the group on purpose: delete then add again (a lost
         # trail's runbook) must not let retention purge the log in between. Say so.
-        cur.execute("SELECT source FROM trailbound.capture_registration"
-                    " WHERE upper(group_name) = upper(%s) AND enabled", (name,))
-        registered = cur.fetchone()
+        registered = retention.registered_source(cur, name)
     print(f"EXTRACT {name} deleted (its trail files are left in place)")
     if registered:
         print(f"EXTRACT {name} is still registered with logretention: retention keeps every segment of source "
-              f"{registered['source']} until it is added again and runs, or until "
+              f"{registered} until it is added again and runs, or until "
               f"`trailbound unregister extract {name} logretention`")
     return 0
 
