@@ -11,6 +11,6 @@ and handing over to replicat with nothing lost and nothing applied twice
     run.py       `trailbound load`: at the slot's exported snapshot, or between watermarks
 
 Who may import what: `run.py` talks to the source as `sources/postgres/` does and is
-imported only by `cli.py`. `windows.py`, `keys.py` and `progress.py` import nothing
+imported only by `cli/load.py`. `windows.py`, `keys.py` and `progress.py` import nothing
 from `sources/`; replicat (run.py, chunks.py, info.py) imports them.
 """
