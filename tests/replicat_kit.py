@@ -1,5 +1,6 @@
 """Helpers for replicat tests: a configuration with capture and replicat, the target
-compared with the simulator's truth inside PostgreSQL, the checkpoint row."""
+compared with the simulator's truth inside PostgreSQL, the checkpoint row, and a small
+archive captured into the trail with the target tables created (`captured`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import psycopg2
 from psycopg2 import sql
 
 from trailbound import config as configuration
+from capture_kit import ins, new_archive, rec
 from trailbound.archive.contract import split_table_name
+from trailbound.archive.segments import load_defs
 
 
 def write_config(tmp_path: Path, *, tables=("shop.*", "hr.*"), megabytes: float = 64, grouptransops: int = 1000,
@@ -96,3 +99,41 @@ def checkpoint_row(target_dsn: str, table: str = "trailbound.ggcheckpoint", grou
         cur.execute(sql.SQL("SELECT * FROM {} WHERE group_name = %s").format(sql.Identifier(schema, name)), (group,))
         row = cur.fetchone()
         return dict(zip([d.name for d in cur.description], row)) if row else None
+
+
+def checkpoint_row_if_created(target_dsn: str) -> dict | None:
+    """The checkpoint table row, None also when no run has created the table yet."""
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT to_regclass('trailbound.ggcheckpoint') IS NOT NULL")
+        exists = cur.fetchone()[0]
+    return checkpoint_row(target_dsn) if exists else None
+
+
+def orders(target_dsn: str) -> dict[int, str]:
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        cur.execute("SELECT id, note FROM shop.orders ORDER BY id")
+        return dict(cur.fetchall())
+
+
+def captured(tmp_path, spark, store, target_dsn, records, **options):
+    """An archive of `records` captured into the trail; target tables created."""
+    from trailbound.capture.run import run_extract
+    from trailbound.replicat import target as tgt
+
+    archive = new_archive(tmp_path)
+    archive.segment(1, records, 1000)
+    config_path = write_config(tmp_path, tables=("shop.*",), **options)
+    config = configuration.load(config_path)
+    run_extract(spark, store, config, "EXT1")
+    connection = psycopg2.connect(target_dsn)
+    with connection, connection.cursor() as cur:
+        tgt.create_tables(cur, load_defs(config.archive_dir("SRC")), config.replicat("REP1").map)
+    connection.close()
+    return config_path, config
+
+
+# Four transactions on shop.orders, and the target they leave.
+FOUR = [ins(10, "T1", 1), rec(11, "T1", "COMMIT"), ins(20, "T2", 2), ins(21, "T2", 3), rec(22, "T2", "COMMIT"),
+        ins(30, "T3", 4), rec(31, "T3", "COMMIT"), rec(40, "T4", "UPDATE", "shop.orders", key=1, note="changed"),
+        rec(41, "T4", "COMMIT")]
+FOUR_APPLIED = {1: "changed", 2: "n2", 3: "n3", 4: "n4"}

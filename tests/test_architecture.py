@@ -6,6 +6,7 @@ these are quick."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parents[1] / "include" / "trailbound"
@@ -123,7 +124,7 @@ def test_sources_and_dev_tools_stand_outside_the_engine():
     """Only the command line (`trailbound simulate`) and the initial load's command (which
     reads the live source, as the miner does) may reach a source; nothing reaches dev tools.
     The key-range planner the load shares with the compare is no source (keyranges.py)."""
-    graph = _graph(module_level=False)
+    graph = _command_line_as_one(_graph(module_level=False))
     outside = ("trailbound.sources", "trailbound.devtools")
     users = {name: sorted(d for d in deps if d.startswith(outside))
              for name, deps in graph.items() if not name.startswith(outside)}
@@ -131,3 +132,41 @@ def test_sources_and_dev_tools_stand_outside_the_engine():
     # and only the command line starts a load: the engine (replicat) uses the load's
     # target-side modules, which reach no source
     assert sorted(name for name, deps in graph.items() if "trailbound.load.run" in deps) == ["trailbound.cli"]
+
+
+def _command_line_as_one(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph with the command line's package (trailbound.cli, a module per verb
+    family) as one node, "trailbound.cli", holding what any of its modules imports."""
+    def one(name: str) -> str:
+        return "trailbound.cli" if name.startswith("trailbound.cli.") else name
+
+    merged: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        merged.setdefault(one(name), set()).update(one(d) for d in deps)
+    return merged
+
+
+def test_every_package_docstring_names_its_modules_and_only_modules():
+    """A package's docstring is its map: it names each of its modules (`name.py`) and
+    subpackages (`name/`), and every `name.py` it names exists: its own, another engine
+    package's, or, given as a path, one under the package, the engine or the repository."""
+    engine_modules = {p.name for p in ENGINE.rglob("*.py")}
+    unlisted, unknown = [], []
+    for init in sorted(ENGINE.rglob("__init__.py")):
+        package = init.parent
+        text = ast.get_docstring(ast.parse(init.read_text())) or ""
+        named = set(re.findall(r"(?<![\w/.-])([\w/]+\.py)\b", text))
+        for path in sorted(package.iterdir()):
+            if path.name == "__init__.py" or path.name.startswith((".", "_")) and path.name != "__main__.py":
+                continue
+            if path.suffix == ".py" and path.name not in named:
+                unlisted.append(str(path.relative_to(ENGINE)))
+            elif (path / "__init__.py").exists() and not re.search(rf"(?<![\w/]){re.escape(path.name)}/", text):
+                unlisted.append(str(path.relative_to(ENGINE)) + "/")
+        for name in sorted(named):
+            exists = any((base / name).exists() for base in (package, ENGINE, ENGINE.parents[1])) if "/" in name \
+                else (package / name).exists() or name in engine_modules
+            if not exists:
+                unknown.append(f"{package.relative_to(ENGINE.parent)}: {name}")
+    assert unlisted == [], "modules their package's docstring does not name"
+    assert unknown == [], "names in a package's docstring that are no module"

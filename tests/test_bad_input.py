@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue 18, item 2): every malformed archive and every corrupt
+"""The bad-input corpus: every malformed archive and every corrupt
 trail file stops the `trailbound` command with exit status 1 and one ERROR line naming
 the file and the rba (a JSON Lines error: its line), and writes nothing: checkpoints,
 catalog, trail listing, target rows and every file are compared before and after.

@@ -12,6 +12,7 @@ import pytest
 from capture_kit import (at, committed_trail, ins, load_config, new_archive, rec, state, transactions,
                          write_config)
 from trailbound import cli
+from trailbound import config as configuration
 from trailbound.trail import format as trail
 from trailbound.capture.run import CRASH_POINTS, run_extract
 from trailbound.crash import CRASH_ENV
@@ -347,3 +348,37 @@ def test_bad_input_stops_capture_with_the_file_and_moves_no_checkpoint(tmp_path,
     assert (after.read_scn, after.write, after.open, after.read) == (before.read_scn, before.write, before.open,
                                                                       before.read)
     assert committed_trail(store, config) == trail_before
+
+
+def test_begin_now_and_begin_an_iso_time(tmp_path, spark, store, capsys, monkeypatch):
+    """`now` begins at the horizon: transactions in flight there are never written. A
+    time begins at the first segment that ends after it (a naive time is UTC)."""
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT"), ins(30, "INFLIGHT", 2)], 100)
+    archive.segment(1, [ins(110, "B", 3), rec(120, "INFLIGHT", "COMMIT"), rec(130, "B", "COMMIT")], 200)
+    config_path = write_config(tmp_path)
+    config = configuration.load(config_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    main = lambda *words: cli.main(["--config", str(config_path), *words])  # noqa: E731
+    assert main("archive", "scan") == 0
+    assert main("add", "extract", "EXT1", "--begin", "now") == 0
+    assert "begin now (scn 200)" in capsys.readouterr().out
+    archive.segment(1, [ins(210, "C", 4), rec(220, "C", "COMMIT")], 300)
+    run_extract(spark, store, config, "EXT1")
+    assert transactions(committed_trail(store, config)) == [("C", [4])]
+
+    assert main("delete", "extract", "EXT1") == 0
+    for path in (tmp_path / "dirdat").iterdir():
+        path.unlink()
+    with store.transaction() as cur:
+        cur.execute("DELETE FROM trailbound.trail_file")
+    naive = at(100).replace(tzinfo=None).isoformat()  # 2026-11-01T00:01:40, read as UTC
+    assert main("add", "extract", "EXT1", "--begin", naive) == 0
+    assert f"begin {naive} (scn 100)" in capsys.readouterr().out
+    run_extract(spark, store, config, "EXT1")
+    # INFLIGHT began at scn 30, before the begin point: never written; B and C are.
+    assert transactions(committed_trail(store, config)) == [("B", [3]), ("C", [4])]
+    assert main("alter", "extract", "EXT1", "begin", at(250).isoformat()) == 0
+    assert f"begin {at(250).isoformat()} (scn 200)" in capsys.readouterr().out
+    assert main("alter", "extract", "EXT1", "begin", "yesterday") == 1
+    assert "begin 'yesterday': expected earliest | now | an ISO-8601 time | scn N" in capsys.readouterr().err

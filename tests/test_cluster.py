@@ -1,4 +1,4 @@
-"""No silent loss on a real cluster (issue 18 item 3, docs/reliability.md).
+"""No silent loss on a real cluster (docs/reliability.md).
 
 The suite starts a Spark standalone cluster on 127.0.0.1: a master and one worker with
 its own work directory (one core, small memory), stopped at the end. Jobs reach it the

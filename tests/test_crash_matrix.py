@@ -1,4 +1,4 @@
-"""The crash matrix (issue 18 item 1, docs/reliability.md): every named crash point of
+"""The crash matrix (docs/reliability.md): every named crash point of
 every stage, x 3 simulator seeds, compared with a run that was never killed.
 
 One test per seed (so pytest-xdist spreads them) drives two homes through the same

@@ -1,4 +1,5 @@
-"""Secrets and hostile names (issue 18, item 4).
+"""Secrets and hostile names: no password in what trailbound prints or logs, and hostile
+table, schema and transaction names carried through the whole pipeline.
 
 A DSN with a password (a real role with a password on the test server) never appears in
 what trailbound prints or logs: normal output, INFO output, error messages, log records.

@@ -1,6 +1,6 @@
 """The trail written from Spark tasks: the rollover plan, transaction indicators, files
-written in pieces by several writers, and the driver's check before the commit (issue 18
-item 3: a task that wrote where the driver cannot see fails the run)."""
+written in pieces by several writers, and the driver's check before the commit (a task
+that wrote where the driver cannot see fails the run)."""
 
 from __future__ import annotations
 

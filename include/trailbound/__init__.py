@@ -5,6 +5,17 @@ dags/ and plugins/ call into it, as do the spark-submit entry points under jobs/
 the `trailbound` command line. docs/architecture.md maps each step (source -> archive
 -> capture -> trail -> pump -> replicat -> target) and each GoldenGate concept to the
 module that owns it; `sources/` and `devtools/` stand outside the engine.
+
+The steps: `archive/` (the redo archive), `capture/`, `trail/`, `pump/`, `replicat/`,
+`load/` (the initial load), `compare/`, `retention.py` (the archive's purge), and the
+metadata store, `metadata.py` with its migrations in `sql/`. Around them: `cli/` (the
+`trailbound` command), `dagfiles.py` (the DAG files), `status.py` (INFO ALL and lag as
+data), `runlog.py` (every run's outcome), `idle.py` (the checks made before starting
+Spark), `quality.py` (Great Expectations checks). Shared by all: `positions.py`,
+`errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
+`tables.py` (TABLE patterns), `grouplock.py`, `ggsci.py` (how INFO writes times and
+lags), `copytext.py` (COPY text from JSON images), `crash.py` (named crash points),
+`spark.py` (the SparkSession).
 """
 
 __version__ = "0.1.0"

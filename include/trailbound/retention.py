@@ -353,6 +353,15 @@ def unregister(store: MetadataStore, group: str) -> str:
     return row["group_name"]
 
 
+def registered_source(cur, group: str) -> str | None:
+    """The source whose log the group holds against retention, None if it is not
+    registered (or no longer: unregistered)."""
+    cur.execute("SELECT source FROM trailbound.capture_registration"
+                " WHERE upper(group_name) = upper(%s) AND enabled", (group,))
+    row = cur.fetchone()
+    return None if row is None else row["source"]
+
+
 # ---------------------------------------------------------------- the run
 
 @dataclass

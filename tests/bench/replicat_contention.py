@@ -2,13 +2,14 @@
 target sessions). Every chunk of a run is prepared before the clock starts; then the run
 applies them while the same prepare runs again beside the apply and its output is
 thrown away: in a thread of the run's process (as replicat runs), in a forked child
-process, or not at all (the apply alone). docs/benchmarks/replicat.md, session 15.
+process, or not at all (the apply alone). docs/benchmarks/replicat.md, "The floor beside
+the trail's reading".
 
     .venv/bin/python tests/bench/replicat_contention.py [--rows N] [--rounds R] [--images-parsed-once]
 
 With --images-parsed-once, the prepare beside the apply finds every image's JSON already
 parsed (the first prepare's results, kept): the ceiling for a trail whose images replicat
-would not have to parse (session 16).
+would not have to parse (docs/benchmarks/replicat.md, "Where insert-heavy time goes").
 
 Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (make bench's throwaway server);
 uses bench_replicat's databases, work and plain COPY (the median of three). The experiment replaces

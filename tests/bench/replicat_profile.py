@@ -1,5 +1,5 @@
 """Where one insert-heavy replicat run spends its time: per thread and per process, as
-docs/benchmarks/replicat.md (session 16) reports it.
+docs/benchmarks/replicat.md ("Where insert-heavy time goes") reports it.
 
     .venv/bin/python tests/bench/replicat_profile.py [--rows N] [--rounds R] [--apply-parallelism P] [--timeline]
 
@@ -16,8 +16,7 @@ local, so no Spark runs. Each round is one `run_replicat` on a fresh target, and
   this machine; "-" otherwise);
 - with --timeline, below each round: the machine's busy share in each 20 ms of the run
   (from /proc/stat, so in steps of 25% on two CPUs) and when each chunk was prepared:
-  where the run leaves a CPU idle (session 18 found the sessions drained between chunks
-  this way).
+  where the run leaves a CPU idle (sessions drained between chunks show here).
 
 The first round includes the process's first imports; read the others. The measurement
 wraps three methods of the engine for the runs of this process (a benchmark, not a test).

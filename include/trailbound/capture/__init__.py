@@ -1,8 +1,11 @@
 """Capture (Extract): read the redo archive, assemble transactions, write the trail in
 commit order, and commit the checkpoints.
 
-`run.py` is one run; `assemble.py` the Spark transform (group by transaction, resolve
-savepoints, order by CSN, transaction indicators); `recovery.py` the recovery rules
+`run.py` is one run; `pulling.py` `extract run --pull` (capture rounds beside a pull of
+the PostgreSQL source); `logread.py` the log read by Spark tasks with pyarrow
+(per-transaction summaries, the trail's records); `assemble.py` the Spark transform (group
+by transaction, resolve savepoints, order by CSN, transaction indicators); `trailwrite.py`
+the trail written by Spark tasks and verified before the commit; `recovery.py` the recovery rules
 (restart point, required SCN, the Bounded Recovery plan) that the run, INFO and
 retention share; `bounded.py` Bounded Recovery's persisted files; `checkpoints.py` the
 metadata store's side (read, write and BR checkpoints, open transactions, run history);

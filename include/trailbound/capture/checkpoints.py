@@ -175,6 +175,13 @@ def add_group(cur, *, group: str, source: str, exttrail: Path, begin_scn: Scn, b
     cur.execute("INSERT INTO trailbound.extract_write_checkpoint (group_name, seqno, rba) VALUES (%s, 0, 0)", (group,))
 
 
+def delete_group(cur, group: str) -> bool:
+    """DELETE EXTRACT: the group's row and, with it, its checkpoints; False if it was not
+    added. Its trail files and its logretention registration are left alone."""
+    cur.execute("DELETE FROM trailbound.extract_group WHERE group_name = %s", (group,))
+    return cur.rowcount > 0
+
+
 def reposition(cur, group: str, begin_scn: Scn, begin_spec: str) -> None:
     """ALTER EXTRACT BEGIN: forget read checkpoints and open transactions; the next run
     starts like a first run from the new begin point. The write checkpoint stays, so

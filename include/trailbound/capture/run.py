@@ -22,15 +22,15 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from trailbound import copytext
-from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog
-from trailbound.archive.segments import load_defs
+from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon
+from trailbound.archive.segments import Segment, load_defs
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery, trailwrite
 from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.capture.logread import LogRead, ReadWindow
-from trailbound.config import Config
+from trailbound.config import Config, ExtractConfig
 from trailbound.crash import crashpoint
 from trailbound.errors import ArchiveError, changed_since_added
 from trailbound.ggsci import utc
@@ -185,15 +185,37 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         log_bsn = recovery.normal_restart_scn(state)
         log = LogRead(spark, segments, [t.persisted.file for t in plan.restored],
                       _read_window(restart, horizon_scn, plan))
-        return _assemble_and_commit(spark, store, config, state, extract, log, segments, horizon, until,
-                                    started_at, log_bsn, watch, plan, restart, brreset)
+        run = _Run(state=state, extract=extract, plan=plan, restart=restart, brreset=brreset, log=log,
+                   segments=segments, horizon=horizon, until=until, log_bsn=log_bsn, started_at=started_at,
+                   watch=watch)
+        return _assemble_and_commit(spark, store, config, run)
 
 
-def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, segments, horizon, until, started_at,
-                         log_bsn, watch: Stopwatch, plan: recovery.RecoveryPlan, restart: recovery.RestartPoint,
-                         brreset: bool) -> RunResult:
-    horizon_scn = horizon.scn
-    read_time = horizon.time
+@dataclass
+class _Run:
+    """What a run has settled before it reads: the group's state, its recovery (plan,
+    restart point, whether brreset applies), the log to read (segments, window, up to
+    which horizon) and the run's own bookkeeping."""
+
+    state: ckpt.ExtractState
+    extract: ExtractConfig
+    plan: recovery.RecoveryPlan
+    restart: recovery.RestartPoint
+    brreset: bool
+    log: LogRead
+    segments: list[Segment]
+    horizon: Horizon
+    until: datetime | None
+    log_bsn: Scn
+    started_at: datetime
+    watch: Stopwatch
+
+
+def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:
+    state, extract, log, segments, plan, watch = run.state, run.extract, run.log, run.segments, run.plan, run.watch
+    log_bsn = run.log_bsn
+    horizon_scn = run.horizon.scn
+    read_time = run.horizon.time
     skip_targets = _directive_targets(state, "skiptrans")
     force_targets = _directive_targets(state, "forcetrans")
     decisions = Decisions(read_scn=state.read_scn, begin_scn=state.begin_scn, last_written=state.write.last_csn,
@@ -269,7 +291,7 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
         failure = "missing" in plan.reason or "corrupt" in plan.reason
         if failure and extract.br.broffonfailure:
             state.br_suspended = plan.reason
-    if brreset:
+    if run.brreset:
         state.br_suspended = None
     warnings += _long_transaction_warnings(state, extract, read_time)
     br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, log, horizon_scn, read_time)
@@ -297,7 +319,7 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
             state.br_checkpoint = ckpt.BrCheckpoint(checkpoint_id, **br_checkpoint)
         required = recovery.required_scn(state, recovery.committed_plan(state))
         ckpt.commit_run(cur, state, files, required, {
-            "started_at": started_at, "until": until, "read_from_scn": read_from, "horizon_scn": horizon_scn,
+            "started_at": run.started_at, "until": run.until, "read_from_scn": read_from, "horizon_scn": horizon_scn,
             "records_read": records_read, "transactions": fates.get(WRITE, 0), "records_written": records_written,
             "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
             "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
@@ -310,7 +332,7 @@ def _assemble_and_commit(spark, store, config, state, extract, log: LogRead, seg
     for frame in assembly.cached:
         frame.unpersist()
     return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
-                     len(state.open), timings=watch.phases, recovery=plan.describe, restart=restart.describe(),
+                     len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
                      br_checkpoint=br_checkpoint is not None)
 
 

@@ -12,6 +12,6 @@ load's chunks at their high watermarks (and names the watermark and window table
 `replicat/loadinfo.py` reads a load's progress back (`info replicat`, and this
 package). Who may import what: the load imports replicat, never the other way round;
 `run.py` talks to the source as `sources/postgres/` does and is imported only by
-`cli.py`; `copy.py` and `progress.py` import nothing from `sources/`. Key ranges (planned, and
-as SQL conditions) are trailbound/keyranges.py, shared with the compare.
+`cli/load.py`; `copy.py` and `progress.py` import nothing from `sources/`. Key ranges
+(planned, and as SQL conditions) are trailbound/keyranges.py, shared with the compare.
 """

@@ -14,7 +14,7 @@ replicat with nothing lost and nothing applied twice (docs/initial-load.md):
   it at the high watermark (replicat/windows.py). Progress is kept per chunk: a load
   killed anywhere resumes from its first chunk not done.
 
-Talks to the source as `sources/postgres/` does (only cli.py imports this module).
+Talks to the source as `sources/postgres/` does (only cli/load.py imports this module).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 - `run.py`         one run: ship, verify, rename into place, commit, file by file.
 - `info.py`        INFO PUMP [SHOWCH].
 
-The pump reads and writes trails only through `trailbound.trail` (format, fs, catalog).
+The pump reads and writes trails only through `trailbound.trail` (format, catalog) and
+`trailbound.files`, the one file-system layer.
 The command line, the DAGs' tasks and tests import it; capture and replicat never do.
 See docs/pump.md.
 """

@@ -1,7 +1,6 @@
 """The trail: committed transactions in commit order, in files, between capture, pump and replicat.
 
 - `format.py`  the trail file format: write, read and verify one file (docs/trail-format.md).
-- `fs.py`      kept for old imports of `trailbound.files`, the one file-system layer.
 - `catalog.py` the metadata store's side: committed files (trail_file) and reader
                positions (trail_reader), and the pending-files check readers share.
 - `purge.py`   PURGEOLDEXTRACTS ... USECHECKPOINTS: delete files every reader has passed.

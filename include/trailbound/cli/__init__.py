@@ -1,0 +1,99 @@
+"""The `trailbound` command line (GGSCI's verbs where GoldenGate has one); `trailbound
+--help` lists the verbs (parser.py's USAGE).
+
+    __init__.py   main(): parse, run the verb's handler, turn errors into one ERROR line;
+                  a run's outcome goes to the run log
+    __main__.py   `python -m trailbound.cli`
+    context.py    the Context a handler gets (configuration, store, Spark, opened on first
+                  use), `verb`, argument types
+    parser.py     the top-level parser: the verbs in `--help`'s order, the add, delete,
+                  alter and info verbs
+    archive.py    archive scan|list|verify|mark-backed-up
+    source.py     a live PostgreSQL source: archive pull, add|delete|alter|info source
+    load.py       load (the initial load)
+    extract.py    extract run, add|delete|alter|info extract, send extract, start extract
+    status.py     info all, and INFO of the groups a wildcard matches
+    pump.py       pump run, add|delete|info pump, purge trails
+    retention.py  register|unregister extract ... logretention, retention run, info retention
+    replicat.py   replicat run, add checkpointtable, alter|info replicat, target create
+    compare.py    compare
+    dags.py       dags generate
+    logdump.py    logdump
+    simulate.py   simulate
+
+Each family's module holds its handlers (`def handler(ctx) -> int`) and, in
+`arguments`, its verbs' words, options and help. Handlers import the engine inside
+their bodies, so a verb loads only what it uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+from trailbound.cli.context import Context
+from trailbound.cli.extract import extract_run
+from trailbound.cli.parser import build_parser
+from trailbound.cli.pump import pump_run
+from trailbound.cli.replicat import replicat_run
+from trailbound.errors import TrailboundError, spark_task_errors_as_ours
+
+__all__ = ["Context", "build_parser", "main"]
+
+
+RUN_VERBS = {extract_run: "extract", pump_run: "pump", replicat_run: "replicat"}
+
+
+@contextmanager
+def _outcome_recorded(ctx: Context, argv: list[str]):
+    """`extract|pump|replicat run`: the run's outcome goes to the run log (trailbound.runlog)
+    whatever it is; a group whose last run failed is ABENDED until a run succeeds."""
+    kind = RUN_VERBS.get(ctx.args.handler)
+    name = None
+    if kind is not None:
+        try:
+            name = getattr(ctx.config, f"{kind}_name")(ctx.args.group)
+        except TrailboundError:
+            pass  # not a configured group: the run itself says so, and there is no group to mark
+    if name is None:
+        yield
+        return
+    from trailbound import runlog
+
+    with runlog.recorded_run(ctx.store, kind, name, " ".join(["trailbound", *argv])):
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    ctx = Context(args)
+    try:
+        with _outcome_recorded(ctx, argv):
+            with spark_task_errors_as_ours():
+                status = args.handler(ctx)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
+        return status
+    except TrailboundError as exc:
+        print(f"ERROR {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`trailbound info all | head`): stop quietly, as `cat` does;
+        # stdout goes to /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command the pipe ended
+    except Exception as exc:
+        # A database's refusal that no step turned into one of ours (those name the server):
+        # still one line, the server's own words, not a traceback. The driver's text for a
+        # session already open never holds a DSN; every connect names its server itself.
+        if not type(exc).__module__.startswith("psycopg2"):
+            raise
+        words = " ".join((getattr(exc, "pgerror", None) or str(exc)).split())
+        for severity in ("ERROR: ", "FATAL: "):  # the server's own prefix: ours says ERROR already
+            words = words.removeprefix(severity)
+        print(f"ERROR {args.handler.__name__.replace('_', ' ')}: {words}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.close()

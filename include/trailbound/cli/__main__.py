@@ -1,0 +1,7 @@
+"""`python -m trailbound.cli ...`: the `trailbound` command."""
+
+import sys
+
+from trailbound.cli import main
+
+sys.exit(main())

@@ -1,0 +1,45 @@
+"""`trailbound logdump TRAILFILE`: print a trail file's records (GoldenGate's Logdump)."""
+
+from __future__ import annotations
+
+from datetime import timezone
+from pathlib import Path
+
+from trailbound.cli.context import Context, non_negative, verb
+from trailbound.errors import TrailboundError
+
+
+def logdump(ctx: Context) -> int:
+    import json as _json
+
+    from trailbound.positions import Csn
+    from trailbound.trail import format as trail
+
+    path = Path(ctx.args.file)
+    seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
+    records = trail.read_file(path).num_rows
+    if ctx.args.from_rba >= max(records, 1):
+        raise TrailboundError(f"{path}: --from {ctx.args.from_rba} is past the file's end: it holds {records} "
+                              f"record(s), rba 0..{records - 1}" if records else f"{path}: the file holds no record")
+    for record in trail.iter_records(path, ctx.args.from_rba, ctx.args.count):
+        csn = Csn.from_row(record)
+        fields = {"seqno": seqno, "rba": record["rba"], "trans_ind": record["trans_ind"], "csn": str(csn),
+                  "xid": record["xid"], "commit_ts": record["commit_ts"].isoformat(), "op": record["op"],
+                  "table": record["table"], "before": record["before"], "after": record["after"]}
+        if ctx.args.json:
+            print(_json.dumps(fields, ensure_ascii=False))
+        else:
+            position = f"{seqno}:{record['rba']}" if seqno is not None else f"rba {record['rba']}"
+            print(f"{position:>14}  ind {record['trans_ind']}  csn {csn}  commit "
+                  f"{record['commit_ts'].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC  xid {record['xid']!r}  "
+                  f"{record['op']:<8} {record['table']}  before={record['before']}  after={record['after']}")
+    return 0
+
+
+def arguments(verbs) -> None:
+    dump = verb(verbs, "logdump", logdump, "print the records of a trail file")
+    dump.add_argument("file")
+    dump.add_argument("--from", dest="from_rba", type=non_negative, default=0, metavar="RBA",
+                      help="the first record to print (0: the file's first)")
+    dump.add_argument("--count", type=non_negative, help="at most this many records")
+    dump.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -1,0 +1,90 @@
+"""Replicat groups and the target: `trailbound replicat run`, `add checkpointtable`,
+`alter|info replicat`, `target create`."""
+
+from __future__ import annotations
+
+from trailbound.cli.context import Context, verb
+from trailbound.cli.status import info_groups
+
+
+def replicat_run(ctx: Context) -> int:
+    from trailbound.replicat.run import run_replicat
+
+    # Spark started only if the run needs it: a local trail of plain DML needs no JVM.
+    print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group).describe())
+    return 0
+
+
+def add_checkpointtable(ctx: Context) -> int:
+    from trailbound.replicat import checkpoint_table, target
+
+    if ctx.args.name:
+        names = [ctx.args.name]
+    else:  # ADD CHECKPOINTTABLE with no name: the one(s) the replicats are configured with
+        names = sorted({r.checkpointtable for r in ctx.config.replicats.values()}) or ["trailbound.ggcheckpoint"]
+    connection = target.connect(ctx.config)
+    try:
+        for text in names:
+            name = checkpoint_table.CheckpointTableName.parse(text)
+            with connection.cursor() as cur:
+                created = checkpoint_table.create(cur, name)
+            connection.commit()
+            print(f"Checkpoint table {name} (and {name}_lox) " + ("created." if created else "already exists."))
+    finally:
+        connection.close()
+    return 0
+
+
+def alter_replicat(ctx: Context) -> int:
+    from trailbound.replicat.alter import reposition
+
+    print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change))
+    return 0
+
+
+def info_replicat(ctx: Context) -> int:
+    from trailbound.replicat.info import describe_replicat
+
+    return info_groups(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch))
+
+
+def target_create(ctx: Context) -> int:
+    from trailbound.archive.segments import load_defs
+    from trailbound.replicat import target
+
+    source = ctx.source_name()
+    rules = [rule for r in ctx.config.replicats.values() if r.source.upper() == source.upper() for rule in r.map]
+    defs = load_defs(ctx.config.archive_dir(source))
+    connection = target.connect(ctx.config)
+    try:
+        with connection.cursor() as cur:
+            done = target.create_tables(cur, defs, rules or target.IDENTITY)
+        connection.commit()
+    finally:
+        connection.close()
+    for source_table, target_table, created in done:
+        print(f"{target_table:<40} {'created' if created else 'exists'} (from {source}: {source_table})")
+    return 0
+
+
+def arguments(verbs, kinds) -> None:
+    """The `replicat` and `target` verbs; the `replicat` kind of alter and info, and
+    `add checkpointtable`."""
+    replicat = verbs.add_parser("replicat", help="replicat runs (apply)").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    verb(replicat, "run", replicat_run, "apply the trail from the checkpoint to its committed end").add_argument("group")
+    command = verb(kinds["add"], "checkpointtable", add_checkpointtable,
+                   "create the checkpoint table (and its _lox table) in the target (ADD CHECKPOINTTABLE)")
+    command.add_argument("name", nargs="?", metavar="[SCHEMA.]NAME", help="default: the replicats' checkpointtable")
+    command = verb(kinds["alter"], "replicat", alter_replicat,
+                   "reposition a replicat: atcsn N | aftercsn N | extseqno S [extrba R]")
+    command.add_argument("group")
+    command.add_argument("change", nargs="+", metavar="atcsn N|aftercsn N|extseqno S extrba R")
+    command = verb(kinds["info"], "replicat", info_replicat, "status and checkpoints (INFO REPLICAT ... SHOWCH)")
+    command.add_argument("group")
+    command.add_argument("--showch", nargs="?", type=int, const=0, default=None, metavar="N",
+                         help="the checkpoint table row and the file checkpoint side by side; N: also the last N runs")
+    target_verbs = verbs.add_parser("target", help="the target database").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    verb(target_verbs, "create", target_create, "create the target tables from the source's defs.json (through the "
+                                                "replicats' map)").add_argument("--source", help="default: the only one")

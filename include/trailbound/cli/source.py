@@ -1,0 +1,67 @@
+"""A live PostgreSQL source: `trailbound archive pull SRC` and `add|delete|alter|info source SRC`."""
+
+from __future__ import annotations
+
+from trailbound.cli.context import Context, verb
+
+
+def archive_pull(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import pull
+
+    print(pull(ctx.config, ctx.args.source).describe())
+    return 0
+
+
+def add_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import add_source as add
+
+    print(add(ctx.config, ctx.args.source, refresh_defs=ctx.args.refresh_defs))
+    return 0
+
+
+def delete_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import delete_source as delete
+
+    print(delete(ctx.config, ctx.args.source))
+    return 0
+
+
+def alter_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import accept_gap
+
+    print(accept_gap(ctx.config, ctx.args.source))
+    return 0
+
+
+def info_source(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import describe_source
+
+    print(describe_source(ctx.config, ctx.args.source))
+    return 0
+
+
+def arguments(archive, kinds) -> None:
+    """`archive pull` among the archive's actions, and the `source` kind of add, delete,
+    alter and info."""
+    command = verb(archive, "pull", archive_pull, "archive a PostgreSQL source's WAL: read its slot up to the "
+                                                   "server's position now, write segments, then confirm the slot")
+    command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+
+    for word, handler, text in (("add", add_source, "a PostgreSQL source: create its publication and slot "
+                                                    "(pgoutput), write defs.json"),
+                                ("delete", delete_source, "drop a PostgreSQL source's slot and publication"),
+                                ("alter", alter_source, "accept a gap in a PostgreSQL source's log (its slot was "
+                                                        "lost): alter source S --accept-gap"),
+                                ("info", info_source, "a PostgreSQL source's slot lag, confirmed LSN, last "
+                                                      "segment, open streamed transactions")):
+        command = verb(kinds[word], "source", handler, text)
+        command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+        if word == "add":
+            command.add_argument("--refresh-defs", action="store_true",
+                                 help="keep the slot; rewrite defs.json and the publication's tables from the "
+                                      "catalog (after an ALTER TABLE, see docs/live-postgres.md)")
+        if word == "alter":
+            command.add_argument("--accept-gap", action="store_true", required=True,
+                                 help="your consent: the changes between the archive's end and where the slot "
+                                      "resumes are lost; the slot is made again if it is gone (then load the "
+                                      "tables again; docs/live-postgres.md, \"When the slot is lost\")")

@@ -1,0 +1,41 @@
+"""Group status: `trailbound info all`, and INFO of the groups a wildcard matches."""
+
+from __future__ import annotations
+
+from datetime import timezone
+from typing import Callable
+
+from trailbound.cli.context import Context, verb
+from trailbound.errors import TrailboundError
+
+
+def info_groups(ctx: Context, program: str, describe: Callable[[str], str]) -> int:
+    """INFO EXTRACT|PUMP|REPLICAT GROUP, where GROUP may hold GGSCI's wildcards (* ?):
+    each group's report."""
+    from trailbound import status
+
+    pattern = ctx.args.group
+    if not any(c in pattern for c in "*?"):
+        print(describe(pattern))  # its own error when the group is not configured or added
+        return 0
+    added = [g for g in status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,)) if g.added]
+    if not added:
+        raise TrailboundError(f"no {program} group matching {pattern!r} is added")
+    print("\n\n".join(describe(g.group) for g in added))
+    return 0
+
+
+def info_all(ctx: Context) -> int:
+    """INFO ALL: every extract, pump and replicat; status, lag at checkpoint, time since."""
+    from datetime import datetime as _datetime
+
+    from trailbound import ggsci, status
+
+    now = _datetime.now(timezone.utc)
+    print(ggsci.info_all(status.info_all(ctx.store, ctx.config, now=now), now))
+    return 0
+
+
+def arguments(kinds) -> None:
+    verb(kinds["info"], "all", info_all, "every extract, pump and replicat: status (RUNNING, STOPPED, ABENDED), "
+                                         "lag at checkpoint, time since checkpoint (INFO ALL)")

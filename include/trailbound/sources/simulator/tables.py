@@ -1,0 +1,139 @@
+"""The simulated source's tables: their definitions (defs.json order) and, while
+simulating, each one's committed rows and row locks (SimTable)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trailbound.sources.simulator.engine import Txn
+
+MISSING = object()
+
+
+class SimTable:
+    """One source table: its definition and, while simulating, its committed rows and locks.
+
+    Rows are identified by their key; a keyless table by `identity`, a column whose values
+    are unique and never updated (a simulator-internal handle: the archive and the truth
+    treat the table as keyed by all its columns, and its rows are unique)."""
+
+    def __init__(self, name: str, columns: list[tuple[str, str, bool]], key: list[str],
+                 cap: int, identity: str | None = None, first_id: int = 1):
+        self.name = name
+        self.columns = columns
+        self.column_names = [column for column, _, _ in columns]
+        self.key = key
+        self.keyless = not key
+        self.cap = cap  # soft limit on committed rows: beyond it, inserts are paired with deletes
+        handle = key or [identity]
+        if len(handle) == 1:
+            only = handle[0]
+            self.ident_of: Callable[[dict], Any] = lambda row: row[only]
+        else:
+            self.ident_of = lambda row: tuple(row[column] for column in handle)
+        self.next_id = first_id
+        # committed state: rows by ident, plus a list of idents for O(1) random picks
+        self.rows: dict[Any, dict] = {}
+        self.idents: list = []
+        self.where: dict[Any, int] = {}
+        # locking
+        self.locks: dict[Any, Txn] = {}
+        self.users: set[Txn] = set()        # open transactions that touched the table
+        self.exclusive: Txn | None = None   # the transaction that truncated it
+        self.draining = False               # a TRUNCATE is waiting: no new users
+
+    def definition(self) -> dict:
+        return {
+            "name": self.name,
+            "columns": [{"name": n, "type": t, "nullable": nullable} for n, t, nullable in self.columns],
+            "key": list(self.key),
+        }
+
+    def key_of(self, row: dict) -> dict:
+        return {column: row[column] for column in self.key}
+
+    def new_id(self) -> int:
+        # Keys come from counters that never go back, so an INSERT never reuses a key
+        # that exists, is reserved by an open transaction, or was ever used.
+        self.next_id += 1
+        return self.next_id - 1
+
+    def put(self, ident, row: dict) -> None:
+        if ident not in self.rows:
+            self.where[ident] = len(self.idents)
+            self.idents.append(ident)
+        self.rows[ident] = row
+
+    def remove(self, ident) -> None:
+        if self.rows.pop(ident, MISSING) is MISSING:
+            return
+        index = self.where.pop(ident)
+        last = self.idents.pop()
+        if index < len(self.idents):
+            self.idents[index] = last
+            self.where[last] = index
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.idents.clear()
+        self.where.clear()
+
+
+CUSTOMERS = "shop.customers"
+ORDERS = "shop.orders"
+LINES = "shop.order_lines"
+INVENTORY = "shop.inventory"
+KUNDEN = 'shop.Kunden "Prüfung"'
+PAGE_VIEWS = "shop.page_views"
+CARTS = "shop.cart_sessions"
+EMPLOYEES = "hr.employees"
+TIMESHEETS = "hr.timesheets"
+
+
+def source_tables() -> list[SimTable]:
+    """Fresh table objects, in defs.json order."""
+    return [
+        SimTable(CUSTOMERS, [
+            ("id", "bigint", False), ("name", "text", False), ("email", "text", True),
+            ("country", "text", True), ("created_at", "timestamptz", False),
+            ("vip", "boolean", False), ("notes", "text", True),
+        ], key=["id"], cap=20_000),
+        SimTable(ORDERS, [
+            ("id", "bigint", False), ("customer_id", "bigint", False), ("status", "text", False),
+            ("total", "numeric", False), ("ordered_at", "timestamptz", False),
+            ("ship_date", "date", True), ("items", "integer[]", True), ("meta", "jsonb", True),
+        ], key=["id"], cap=50_000),
+        SimTable(LINES, [
+            ("order_id", "bigint", False), ("line_no", "integer", False), ("sku", "text", False),
+            ("qty", "integer", False), ("price", "numeric", False),
+            ("discount", "double precision", True),
+        ], key=["order_id", "line_no"], cap=120_000),
+        SimTable(INVENTORY, [
+            ("sku", "text", False), ("on_hand", "integer", False), ("reserved", "integer", False),
+            ("price", "numeric", False), ("updated_at", "timestamptz", False),
+        ], key=["sku"], cap=5_000),
+        SimTable(KUNDEN, [
+            ("Kunden-Nr", "bigint", False), ("select", "text", True), ("Mixed Case", "text", True),
+            ("naïve", "boolean", True), ("from", "date", True), ("payload", "bytea", True),
+            ("score", "double precision", True), ("tags", "text[]", True), ("big", "bigint", True),
+        ], key=["Kunden-Nr"], cap=5_000, first_id=100_000),
+        SimTable(PAGE_VIEWS, [
+            ("session", "text", False), ("url", "text", False), ("seen_at", "timestamptz", False),
+            ("hits", "integer", False), ("referrer", "text", True),
+        ], key=[], cap=30_000, identity="seen_at"),
+        SimTable(CARTS, [
+            ("session_id", "bigint", False), ("customer_id", "bigint", True),
+            ("started_at", "timestamptz", False), ("data", "jsonb", True),
+        ], key=["session_id"], cap=5_000),
+        SimTable(EMPLOYEES, [
+            ("emp_id", "integer", False), ("full_name", "text", False), ("dept", "text", False),
+            ("salary", "numeric", False), ("hired", "date", False), ("manager_id", "integer", True),
+            ("active", "boolean", False),
+        ], key=["emp_id"], cap=3_000, first_id=1_000),
+        SimTable(TIMESHEETS, [
+            ("id", "bigint", False), ("emp_id", "integer", False), ("day", "date", False),
+            ("hours", "double precision", False), ("note", "text", True),
+        ], key=["id"], cap=40_000),
+    ]
