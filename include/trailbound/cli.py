@@ -73,8 +73,9 @@ def _non_negative(text: str) -> int:
 class Context:
     """What a verb needs, opened lazily: a verb that needs no database opens none."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, dsns: dict[str, str] | None = None):
         self.args = args
+        self.dsns = dict(dsns or {})  # variable -> DSN, given by the caller (see main)
         self._config = None
         self._store = None
         self._spark = None
@@ -90,8 +91,14 @@ class Context:
         if self._store is None:
             from trailbound.metadata import MetadataStore, dsn_from_env
 
-            self._store = MetadataStore.open(dsn_from_env(self.config.metadata.dsn_env))
+            variable = self.config.metadata.dsn_env
+            self._store = MetadataStore.open(self.dsns.get(variable) or dsn_from_env(variable))
         return self._store
+
+    @property
+    def target_dsn(self) -> str | None:
+        """The target's DSN when the caller gave it; None: the engine reads the variable."""
+        return self.dsns.get(self.config.target.dsn_env)
 
     @property
     def spark(self):
@@ -539,7 +546,7 @@ def replicat_run(ctx: Context) -> int:
     from trailbound.replicat.run import run_replicat
 
     # Spark started only if the run needs it: a local trail of plain DML needs no JVM.
-    print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group).describe())
+    print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group, target_dsn=ctx.target_dsn).describe())
     return 0
 
 
@@ -550,7 +557,7 @@ def add_checkpointtable(ctx: Context) -> int:
         names = [ctx.args.name]
     else:  # ADD CHECKPOINTTABLE with no name: the one(s) the replicats are configured with
         names = sorted({r.checkpointtable for r in ctx.config.replicats.values()}) or ["trailbound.ggcheckpoint"]
-    connection = target.connect(ctx.config)
+    connection = target.connect(ctx.config, ctx.target_dsn)
     try:
         for text in names:
             name = checkpoint_table.CheckpointTableName.parse(text)
@@ -566,14 +573,15 @@ def add_checkpointtable(ctx: Context) -> int:
 def alter_replicat(ctx: Context) -> int:
     from trailbound.replicat.alter import reposition
 
-    print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change))
+    print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change, target_dsn=ctx.target_dsn))
     return 0
 
 
 def info_replicat(ctx: Context) -> int:
     from trailbound.replicat.info import describe_replicat
 
-    return _info(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch))
+    return _info(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch,
+                                                                 target_dsn=ctx.target_dsn))
 
 
 def target_create(ctx: Context) -> int:
@@ -583,7 +591,7 @@ def target_create(ctx: Context) -> int:
     source = ctx.source_name()
     rules = [rule for r in ctx.config.replicats.values() if r.source.upper() == source.upper() for rule in r.map]
     defs = load_defs(ctx.config.archive_dir(source))
-    connection = target.connect(ctx.config)
+    connection = target.connect(ctx.config, ctx.target_dsn)
     try:
         with connection.cursor() as cur:
             done = target.create_tables(cur, defs, rules or target.IDENTITY)
@@ -888,10 +896,13 @@ def _outcome_recorded(ctx: Context, argv: list[str]):
         yield
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, dsns: dict[str, str] | None = None) -> int:
+    """Run one command line. `dsns` (environment variable name -> DSN) stands in for
+    those variables: the Airflow hook passes the DSNs it resolved this way instead of
+    writing them into the process environment."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    ctx = Context(args)
+    ctx = Context(args, dsns)
     try:
         with _outcome_recorded(ctx, argv):
             with spark_task_errors_as_ours():
