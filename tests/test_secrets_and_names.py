@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import string
 import uuid
 from datetime import timedelta
@@ -204,3 +205,35 @@ def _logdump(main, tmp_path, capsys) -> list[str]:
         assert main("logdump", str(path), "--json") == 0
         lines += capsys.readouterr().out.splitlines()
     return lines
+
+
+def test_the_airflow_hook_hands_dsns_to_the_engine_and_never_to_the_process_environment(tmp_path, secret_role,
+                                                                                        monkeypatch):
+    """TrailboundHook resolves the metadata store's and the target's Airflow connections
+    and passes the DSNs to the engine as arguments: the commands reach both databases
+    (the variables are not set), and afterwards os.environ is what it was, no value in it
+    holding the password but the connections' own."""
+    from trailbound_airflow.hooks import TrailboundHook
+
+    new_archive(tmp_path)
+    config_path = write_config(tmp_path, {"PMP1": {"exttrail": "dirdat/lt", "rmttrail": "remote/rt"}},
+                               extract_tables=("shop.*",),
+                               replicats={"REP1": {"exttrail": "remote/rt", "source": "SRC"}})
+    for variable in ("TRAILBOUND_METADATA_DSN", "TRAILBOUND_TARGET_DSN"):
+        monkeypatch.delenv(variable, raising=False)
+    for conn_id, kind in (("TRAILBOUND_METADATA", "metadata"), ("TRAILBOUND_TARGET", "target")):
+        parts = psycopg2.extensions.parse_dsn(secret_role[kind])
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps({
+            "conn_type": "postgres", "host": parts["host"], "port": int(parts.get("port", 5432)),
+            "login": parts["user"], "password": parts["password"], "schema": parts["dbname"]}))
+    before = dict(os.environ)
+
+    hook = TrailboundHook(config_path=str(config_path))
+    assert "EXTRACT" in hook.run_command(["info", "all"])
+    assert "created" in hook.run_command(["target", "create"])
+    assert hook.extract_state("EXT1") is None
+    hook.nothing_to_do("replicat", "REP1")  # the store and the target, each through its connection
+
+    assert dict(os.environ) == before, "a hook call changed the process environment"
+    holding = sorted(name for name, value in os.environ.items() if any(s in value for s in _secret_parts()))
+    assert holding == ["AIRFLOW_CONN_TRAILBOUND_METADATA", "AIRFLOW_CONN_TRAILBOUND_TARGET"]

@@ -13,7 +13,8 @@ metadata store, `metadata.py` with its migrations in `sql/`. Around them: `cli/`
 data), `runlog.py` (every run's outcome), `idle.py` (the checks made before starting
 Spark), `quality.py` (Great Expectations checks). Shared by all: `positions.py`,
 `errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
-`tables.py` (TABLE patterns), `grouplock.py`, `ggsci.py` (how INFO writes times and
+`tables.py` (TABLE patterns), `keyranges.py` (key ranges for the load and the
+compare), `grouplock.py`, `ggsci.py` (how INFO writes times and
 lags), `copytext.py` (COPY text from JSON images), `crash.py` (named crash points),
 `spark.py` (the SparkSession).
 """

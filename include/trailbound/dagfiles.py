@@ -56,6 +56,20 @@ def _trail(text: str) -> str:
     return text if "://" in text else os.path.normpath(text)
 
 
+def dag_id(kind: str, *names: str) -> str:
+    """A DAG's id, which is its file's stem: the kind of DAG, then the group's (and for
+    compare and load the source's) name in lower case, joined by underscores."""
+    return "_".join([kind, *(name.lower() for name in names)])
+
+
+def group_dag_ids(program: str, group: str) -> list[str]:
+    """The DAGs that run a group (`program` extract, pump or replicat): an extract's
+    capture and its long-running-transaction monitor, a pump's or a replicat's own DAG.
+    The Airflow console links a group to these."""
+    return {"extract": [dag_id("capture", group), dag_id("longtrans", group)],
+            "pump": [dag_id("pump", group)], "replicat": [dag_id("replicat", group)]}[program]
+
+
 def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]:
     """File name -> content for every DAG the configuration implies."""
     files: dict[str, str] = {}
@@ -68,7 +82,7 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
         pull_doc = ("First it pulls the PostgreSQL source's WAL into the archive through its slot\n"
                     "(`trailbound archive pull`); only the current interval's run pulls, a backfill\n"
                     "run skips the pull and captures what is archived.\n") if live else ""
-        files[f"capture_{name.lower()}.py"] = _render(
+        files[f"{dag_id('capture', name)}.py"] = _render(
             f"Capture {name}: source {source} into trail {trail}, every {extract.interval}.",
             pull_doc +
             "Each run waits until the redo archive covers its data interval, runs one capture\n"
@@ -77,7 +91,7 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             "Bounded Recovery checkpoints happen in the runs that cross a BR boundary.",
             "capture_dag", group=name, source=source, interval=extract.interval, start_date=start, trail=trail,
             **({"pull": True} if live else {}), on_failure_callbacks=alerts)
-        files[f"longtrans_{name.lower()}.py"] = _render(
+        files[f"{dag_id('longtrans', name)}.py"] = _render(
             f"Long-running transaction monitor for {name} (WARNLONGTRANS {extract.warnlongtrans.duration}).",
             "Waits in the triggerer (no worker slot) until capture has read past the data\n"
             f"interval, checking every {extract.warnlongtrans.checkinterval} (CHECKINTERVAL), then alerts, naming each\n"
@@ -87,14 +101,14 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             "monitor_dag", group=name, interval=extract.interval, start_date=start, on_failure_callbacks=alerts,
             **({"alert_notifiers": list(config.airflow.alert_notifiers)} if config.airflow.alert_notifiers else {}))
     for name, pump in config.pumps.items():
-        files[f"pump_{name.lower()}.py"] = _render(
+        files[f"{dag_id('pump', name)}.py"] = _render(
             f"Pump {name}: ship trail {pump.exttrail} to {pump.rmttrail}.",
             "Runs whenever the trail it reads is published (and by hand): ships every committed\n"
             "file not shipped yet (spark-submit jobs/pump.py), then publishes the remote trail.",
             "pump_dag", group=name, start_date=start, source_trail=_trail(pump.exttrail),
             remote_trail=_trail(pump.rmttrail), on_failure_callbacks=alerts)
     for name, replicat in config.replicats.items():
-        files[f"replicat_{name.lower()}.py"] = _render(
+        files[f"{dag_id('replicat', name)}.py"] = _render(
             f"Replicat {name}: apply trail {replicat.exttrail} to the target, exactly once.",
             "Runs whenever the trail it reads is published (and by hand): applies it from the\n"
             "checkpoint (spark-submit jobs/replicat.py), then checks the replica with Great\n"
@@ -107,7 +121,7 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
             # Long enough for the capture, pump and replicat DAGs to carry a difference
             # through: two capture intervals (at least five minutes).
             wait = max([timedelta(minutes=5), *[2 * i for i in extract_intervals]])
-            files[f"compare_{source.lower()}_{name.lower()}.py"] = _render(
+            files[f"{dag_id('compare', source, name)}.py"] = _render(
                 f"Compare {source} with replicat {name}'s target, every {config.airflow.compare_interval}.",
                 "Compares the live source's tables with their target tables on Spark by key ranges\n"
                 "(`trailbound compare`): a digest per range, rows only where a range differs; a\n"
@@ -116,7 +130,7 @@ def dag_files(config: Config, config_path: Path | None = None) -> dict[str, str]
                 "Fails, firing the alerts, when rows are out of sync; the report file is in the log.",
                 "compare_dag", group=name, source=source, interval=config.airflow.compare_interval,
                 start_date=start, wait_seconds=int(wait.total_seconds()), on_failure_callbacks=alerts)
-            files[f"load_{source.lower()}_{name.lower()}.py"] = _render(
+            files[f"{dag_id('load', source, name)}.py"] = _render(
                 f"Initial load of {source}'s tables into replicat {name}'s target (triggered by hand).",
                 "Copies the live source's current rows into the target on Spark in key-range chunks\n"
                 "(`trailbound load`), without locks: mode snapshot (before the first pull, at the\n"

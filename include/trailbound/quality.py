@@ -112,6 +112,33 @@ def validate_trail_files(files: list[Path], segments: list[Segment]) -> QualityR
     return report
 
 
+
+@dataclass
+class TrailCheck:
+    """What validate_new_trail checked: the report, the new files and the write
+    checkpoint they end at (seqno:rba, and the last CSN written, when there is one)."""
+
+    report: QualityReport
+    files: list[Path]
+    write_position: str
+    last_csn: str | None
+
+
+def validate_new_trail(store, group: str, source: str, after_seqno: int) -> TrailCheck:
+    """validate_trail_files on the extract's committed trail files after `after_seqno`
+    (the write checkpoint's seqno before the run), against the source's archived segments."""
+    from trailbound.archive.catalog import ArchiveCatalog
+    from trailbound.capture import checkpoints
+    from trailbound.trail import catalog
+
+    with store.transaction() as cur:
+        state = checkpoints.load(cur, group)
+        files = [Path(row["path"]) for row in catalog.committed_files(cur, str(state.exttrail))
+                 if row["seqno"] > after_seqno]
+    report = validate_trail_files(files, ArchiveCatalog(store, source).segments())
+    return TrailCheck(report, files, str(state.write.position),
+                      str(state.write.last_csn) if state.write.last_csn else None)
+
 def _context():
     """An in-memory Great Expectations context without progress bars: they would fill
     task logs with carriage-return noise."""
@@ -169,7 +196,8 @@ def validate_compare(report) -> QualityReport:
     return checked
 
 
-def validate_replica(config, store, group: str, *, spark=None) -> QualityReport:
+def validate_replica(config, store, group: str, *, spark=None, source_dsn: str | None = None,
+                     target_dsn: str | None = None) -> QualityReport:
     """Great Expectations on the replica, per target table: the rows the expected state
     names are there with the same values (count and checksum), and the keys it says are
     gone are not. The expected state is the source's `truth` file once the replicat has
@@ -179,7 +207,8 @@ def validate_replica(config, store, group: str, *, spark=None) -> QualityReport:
 
     A live PostgreSQL source (`postgres:`) is compared with the target itself
     (`trailbound compare`, on `spark`, without waiting for the replicat: differences it
-    is not past yet stay in flight) and checked with validate_compare."""
+    is not past yet stay in flight) and checked with validate_compare. The DSNs not given
+    are read from the variables the configuration names."""
     import json
 
     import great_expectations as gx
@@ -188,7 +217,8 @@ def validate_replica(config, store, group: str, *, spark=None) -> QualityReport:
     if config.source(replicat.source).postgres is not None:
         from trailbound.compare.run import compare
 
-        return validate_compare(compare(spark, store, config, replicat.source, group, wait_seconds=0))
+        return validate_compare(compare(spark, store, config, replicat.source, group, wait_seconds=0,
+                                          source_dsn=source_dsn, target_dsn=target_dsn))
 
     from trailbound.archive.segments import load_defs
     from trailbound.replicat import checkpoints, expected
@@ -211,7 +241,7 @@ def validate_replica(config, store, group: str, *, spark=None) -> QualityReport:
         against = (f"the trail as applied through {applied} (files {files[0][0]}..{files[-1][0]}, keys it touched)"
                    if files else "the trail (no readable file: keys not checked)")
     results = []
-    connection = connect(config)
+    connection = connect(config, target_dsn)
     try:
         with connection.cursor() as cur:
             for table in tables.values():

@@ -21,7 +21,6 @@ base path. Times are UTC and say so.
 from __future__ import annotations
 
 import html
-import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Annotated
@@ -117,39 +116,18 @@ def run_behind(at: datetime, windows) -> DagRunWindow | None:
     return None
 
 
-def metadata_dsn(config) -> str:
-    """The metadata store: the variable the configuration names, else the Airflow
-    connection of that name (read from the API server's own secrets backends)."""
-    dsn = os.environ.get(config.metadata.dsn_env)
-    if dsn:
-        return dsn
-    from airflow.models.connection import Connection
-
-    uri = Connection.get_connection_from_secrets(config.metadata.conn_id).get_uri()
-    return "postgresql://" + uri.split("://", 1)[1] if "://" in uri else uri
-
-
-def source_dsn(pg) -> str | None:
-    """A live source's DSN: its variable, else its Airflow connection (`conn_id`)."""
-    dsn = os.environ.get(pg.dsn_env)
-    if dsn:
-        return dsn
-    from airflow.models.connection import Connection
-
-    uri = Connection.get_connection_from_secrets(pg.conn_id).get_uri()
-    return "postgresql://" + uri.split("://", 1)[1] if "://" in uri else uri
-
-
-def read_slot_lags(config) -> list:
-    """Each live PostgreSQL source's slot lag (`info source`), read from its server."""
+def read_slot_lags(hook) -> list:
+    """Each live PostgreSQL source's slot lag (`info source`), read from its server (its
+    DSN as TrailboundHook resolves it)."""
     from trailbound.sources.postgres.admin import slot_lag
 
+    config = hook.config
     found = []
     for name, source in config.sources.items():
         if source.postgres is None:
             continue
         try:
-            found.append(slot_lag(config, name, source_dsn(source.postgres)))
+            found.append(slot_lag(config, name, hook.source_dsn(name)))
         except Exception as exc:  # noqa: BLE001 - an unreachable source must not hide the page
             found.append((name, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__))
     return found
@@ -192,24 +170,25 @@ def _ranges(decisions) -> str:
 
 
 def read_snapshot(config_path: str | None = None) -> Snapshot:
-    """Blocking: reads the configuration and the metadata store."""
-    from trailbound import config as configuration
+    """Blocking: reads the configuration and the metadata store, through TrailboundHook
+    (the API server's secrets backends hold the connections it finds first)."""
     from trailbound import status
-    from trailbound.metadata import MetadataStore
+    from trailbound.dagfiles import group_dag_ids
 
-    config = configuration.load(config_path or os.environ.get(configuration.CONFIG_ENV))
+    from trailbound_airflow.hooks import TrailboundHook
+
+    hook = TrailboundHook(config_path=config_path)
+    config = hook.config
     now = datetime.now(timezone.utc)
     snap = Snapshot(now=now)
-    with MetadataStore.open(metadata_dsn(config)) as store:
+    with hook.store() as store:
         snap.groups = status.info_all(store, config, now=now)
         for g in snap.groups:
             key = (g.program, g.group)
             if g.added:
                 snap.checkpoints[key] = _describe(store, config, g.program, g.group)
             snap.lags[key] = status.lag_history(store, g.program, g.group)
-            snap.dags[key] = {"extract": [f"capture_{g.group.lower()}", f"longtrans_{g.group.lower()}"],
-                              "pump": [f"pump_{g.group.lower()}"],
-                              "replicat": [f"replicat_{g.group.lower()}"]}[g.program]
+            snap.dags[key] = group_dag_ids(g.program, g.group)
             if g.program == "extract" and g.group.upper() in {n.upper() for n in config.extracts}:
                 snap.warnlongtrans[g.group] = config.extract(g.group).warnlongtrans.duration
                 snap.transactions += status.open_transactions(store, config, g.group)
@@ -229,7 +208,7 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
         except Exception as exc:  # noqa: BLE001 - shown in its section
             snap.retention.append({"source": "?", "error": str(exc)})
     snap.runs = read_dag_runs(sorted({dag for dags in snap.dags.values() for dag in dags}))
-    snap.sources = read_slot_lags(config)
+    snap.sources = read_slot_lags(hook)
     snap.transactions.sort(key=lambda t: (t.start_time, t.start_scn))
     return snap
 

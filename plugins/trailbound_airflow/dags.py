@@ -5,7 +5,8 @@ file), so that parsing a DAG file reads no file and opens no connection.
 Spark jobs run through SparkSubmitOperator and the `spark_default` connection (local[*]
 by default, a cluster master when the connection points at one), skipped when the
 metadata store says there is nothing to do (TrailboundSparkSubmitOperator); everything
-else calls the engine through TrailboundHook.
+else calls the engine through TrailboundHook, which resolves the connections and hands
+the engine its DSNs: no task body opens a database or a transaction itself.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
                                                f"the live slot, so only the current run pulls; capture reads what "
                                                f"is archived")
                 hook = TrailboundHook()
-                print(hook.pull_archive(source))
+                print(hook.pull_archive(source).describe())
                 # Capture reads whole segments archived by its --until: up to the end of
                 # this pull (later than the interval's end), so that what the run pulled
                 # is captured now and not one interval later.
@@ -117,10 +118,7 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
         @task
         def write_checkpoint_before() -> int:
             """The trail seqno committed before this run: the validation checks what follows."""
-            from trailbound.capture import checkpoints as ckpt
-
-            with TrailboundHook().store() as store, store.transaction() as cur:
-                state = ckpt.load(cur, group)
+            state = TrailboundHook().extract_state(group)
             return state.write.position.seqno if state else 0
 
         capture = TrailboundSparkSubmitOperator(
@@ -135,26 +133,13 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             """Great Expectations on the new trail files: commit order, indicators, no
             rolled-back transaction, record counts. The trail's Asset event names the new
             files and the committed write position, for whoever it triggers."""
-            from trailbound import quality
-            from trailbound.archive.catalog import ArchiveCatalog
-            from trailbound.capture import checkpoints as ckpt
-            from trailbound.trail import catalog
-
-            hook = TrailboundHook()
-            with hook.store() as store:
-                with store.transaction() as cur:
-                    state = ckpt.load(cur, group)
-                    files = [Path(row["path"]) for row in catalog.committed_files(cur, str(state.exttrail))
-                             if row["seqno"] > after_seqno]
-                segments = ArchiveCatalog(store, source).segments()
-            report = quality.validate_trail_files(files, segments)
-            if not report.success:
-                raise ValueError(report.describe())
+            checked = TrailboundHook().validate_new_trail(group, source, after_seqno)
+            if not checked.report.success:
+                raise ValueError(checked.report.describe())
             outlet_events[published].extra = {
-                "extract": group, "new_files": [path.name for path in files],
-                "write_position": str(state.write.position),
-                "last_csn": str(state.write.last_csn) if state.write.last_csn else None}
-            return report.describe()
+                "extract": group, "new_files": [path.name for path in checked.files],
+                "write_position": checked.write_position, "last_csn": checked.last_csn}
+            return checked.report.describe()
 
         before = write_checkpoint_before()
         wait >> before >> capture >> validate_trail(before)
@@ -271,19 +256,7 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
             """Row counts and per-table checksums of the target against what the applied
             trail says should be there (or the source's truth file, once applied through);
             for a live PostgreSQL source, a compare with the source itself."""
-            from contextlib import nullcontext
-
-            from trailbound import quality
-
-            hook = TrailboundHook()
-            source = hook.config.replicat(group).source
-            live = hook.config.source(source).postgres is not None
-            if live:
-                hook.export_source_dsn(source)
-                hook.export_target_dsn()
-            with (hook.spark(f"trailbound replica check {group}") if live else nullcontext()) as spark, \
-                    hook.store() as store:
-                report = quality.validate_replica(hook.config, store, group, spark=spark)
+            report = TrailboundHook().check_replica(group)
             if not report.success:
                 raise ValueError(report.describe())
             return report.describe()
@@ -357,15 +330,6 @@ def load_dag(*, dag_id: str, doc_md: str, group: str, source: str, start_date: d
     return dag
 
 
-def _spark_if(needed: bool):
-    """A Spark session for a trail out of the local filesystem's reach (s3a://, hdfs://)."""
-    if not needed:
-        return None
-    from trailbound import spark
-
-    return spark.session("trailbound purge trails")
-
-
 def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: datetime,
                   on_failure_callbacks: Sequence[str] = ()) -> DAG:
     """Archive-log retention: purge redo segments below the minimum SCN every registered
@@ -380,13 +344,7 @@ def retention_dag(*, dag_id: str, doc_md: str, interval: timedelta, start_date: 
             """Purge redo segments, then trail files every reader has passed
             (PURGEOLDEXTRACTS); the Asset event carries what was purged and kept per
             source, and per trail under "trail_purge"."""
-            from trailbound.retention import run_retention
-            from trailbound.trail import purge as trailpurge
-
-            hook = TrailboundHook()
-            with hook.store() as store:
-                result = run_retention(store, hook.config)
-                trails = trailpurge.purge_trails(store, hook.config, spark=_spark_if(trailpurge.needs_spark(store)))
+            result, trails = TrailboundHook().purge()
             outlet_events[retention].extra = {**result.summary(), "trail_purge": trails.summary()}
             report = f"{result.describe()}\n{trails.describe()}"
             print(report)

@@ -1,5 +1,21 @@
-"""TrailboundHook: the one place Airflow code reaches trailbound's configuration and
-metadata store. The connection is resolved lazily, never in __init__."""
+"""TrailboundHook: the one place Airflow code reaches trailbound's configuration, its
+databases and the engine. Operators, sensors, triggers, the DAG factories' tasks and the
+console all go through it; the connection is resolved lazily, never in __init__.
+
+Connections. Every DSN trailbound needs (the metadata store, the target, a live
+PostgreSQL source) is resolved by `resolve_dsn`, with one precedence:
+
+1. the Airflow connection the configuration names for it (`conn_id`; for the metadata
+   store, the hook's `trailbound_conn_id` when one is given), when it is defined
+   (the API server's, the worker's or the triggerer's secrets backends);
+2. else the environment variable the configuration names (`dsn_env`), as the command
+   line reads it.
+
+Resolved DSNs are handed to the engine as arguments (`dsn=`, `source_dsn=`,
+`target_dsn=`, `cli.main(..., dsns=)`), never written to `os.environ`, and never logged.
+The one process that gets them in its environment is a spark-submit job's, as a dict
+given to that child process (operators.py).
+"""
 
 from __future__ import annotations
 
@@ -17,16 +33,17 @@ from trailbound.metadata import MetadataStore
 
 
 class TrailboundHook(BaseHook):
-    """Reads the configuration file ($TRAILBOUND_CONFIG) and opens the metadata store
-    through an Airflow connection (postgres), falling back to the environment variable
-    the configuration names when the connection is not defined."""
+    """Reads the configuration file ($TRAILBOUND_CONFIG, or `config_path`), resolves the
+    DSNs (see the module's docstring) and calls the engine with them."""
 
     conn_name_attr = "trailbound_conn_id"
     default_conn_name = "trailbound_metadata"
     conn_type = "postgres"
     hook_name = "trailbound"
 
-    def __init__(self, trailbound_conn_id: str = default_conn_name, config_path: str | None = None):
+    def __init__(self, trailbound_conn_id: str | None = None, config_path: str | None = None):
+        """`trailbound_conn_id`: the metadata store's Airflow connection; None: the one the
+        configuration names (`metadata.conn_id`, by default trailbound_metadata)."""
         super().__init__()
         self.trailbound_conn_id = trailbound_conn_id
         self.config_path = config_path
@@ -38,84 +55,58 @@ class TrailboundHook(BaseHook):
             self._config = configuration.load(self.config_path or os.environ.get(configuration.CONFIG_ENV))
         return self._config
 
-    def _connection_dsn(self, conn_id: str, dsn_env: str) -> str | None:
-        """The DSN of an Airflow connection, else of the variable the configuration names."""
+    # ------------------------------------------------------------ connections
+
+    def resolve_dsn(self, conn_id: str, dsn_env: str) -> str | None:
+        """The DSN of the Airflow connection `conn_id` when it is defined, else the value of
+        the variable `dsn_env`; None when neither is there."""
         try:
             connection = self.get_connection(conn_id)
-        except Exception:  # not defined: the jobs' own variable, as the CLI uses it
-            return os.environ.get(dsn_env)
+        except Exception:  # not defined (or no backend can say): the variable, as the CLI reads it
+            return os.environ.get(dsn_env) or None
         uri = connection.get_uri()
         return "postgresql://" + uri.split("://", 1)[1] if "://" in uri else uri
 
     def dsn(self) -> str:
+        """The metadata store's DSN (a TrailboundError naming the variable when none is found)."""
         from trailbound.metadata import dsn_from_env
 
         metadata = self.config.metadata
-        return self._connection_dsn(self.trailbound_conn_id, metadata.dsn_env) or dsn_from_env(metadata.dsn_env)
+        return self.resolve_dsn(self.trailbound_conn_id or metadata.conn_id, metadata.dsn_env) or \
+            dsn_from_env(metadata.dsn_env)
 
-    def run_command(self, argv: list[str]) -> str:
-        """Run one `trailbound` command line (the same verbs as the CLI, so the UI and the
-        shell speak one language) against the stores this hook resolves; return what it
-        printed, or raise with it when the command fails."""
-        from trailbound import cli
+    def target_dsn(self) -> str | None:
+        """The target's DSN; None when neither is there (the engine then says the variable
+        is not set, when it needs the target)."""
+        target = self.config.target
+        return self.resolve_dsn(target.conn_id, target.dsn_env)
 
-        config = self.config
-        os.environ[config.metadata.dsn_env] = self.dsn()
-        target = self._connection_dsn(config.target.conn_id, config.target.dsn_env)
-        if target:
-            os.environ[config.target.dsn_env] = target
-        output = io.StringIO()
-        with redirect_stdout(output), redirect_stderr(output):
-            status = cli.main([*(["--config", self.config_path] if self.config_path else []), *argv])
-        self.log.info("trailbound %s\n%s", " ".join(argv), output.getvalue())
-        if status != 0:
-            raise AirflowException(f"trailbound {' '.join(argv)} failed: {output.getvalue().strip()}")
-        return output.getvalue().strip()
-
-    def export_source_dsn(self, source: str) -> None:
-        """Put a live source's DSN where the engine reads it (its `dsn_env` variable), from
-        its Airflow connection (`conn_id`) when defined; the DSN itself is never logged."""
+    def source_dsn(self, source: str) -> str:
+        """A live source's DSN, or AirflowException naming where it is looked for."""
         pg = self.config.postgres(source)
-        dsn = self._connection_dsn(pg.conn_id, pg.dsn_env)
+        dsn = self.resolve_dsn(pg.conn_id, pg.dsn_env)
         if not dsn:
             raise AirflowException(f"source {source}: no DSN: define the Airflow connection {pg.conn_id} "
                                    f"or set ${pg.dsn_env}")
-        os.environ[pg.dsn_env] = dsn
+        return dsn
 
-    def export_target_dsn(self) -> None:
-        target = self.config.target
-        dsn = self._connection_dsn(target.conn_id, target.dsn_env)
-        if dsn:
-            os.environ[target.dsn_env] = dsn
+    def dsns(self, *, target: bool = True) -> dict[str, str]:
+        """The metadata store's (and the target's, when found and `target`) DSN by the
+        variable the engine would read it from: for `cli.main(dsns=)` and a spark-submit
+        job's environment."""
+        found = {self.config.metadata.dsn_env: self.dsn()}
+        if target and (target_dsn := self.target_dsn()):
+            found[self.config.target.dsn_env] = target_dsn
+        return found
 
-    def pull_archive(self, source: str) -> str:
-        """`trailbound archive pull SOURCE`, the source's DSN from its Airflow connection."""
-        self.export_source_dsn(source)
-        return self.run_command(["archive", "pull", source])
-
-    def compare(self, source: str, replicat: str, *, pattern: str = "*", wait_seconds: float = 0.0):
-        """`trailbound compare SOURCE REPLICAT` on a local Spark session in this task (the
-        source's DSN stays in this process: a spark-submit job would need it on its
-        command line or in its rendered environment); returns the CompareReport."""
-        from trailbound.compare.run import compare
-
-        self.export_source_dsn(source)
-        self.export_target_dsn()
-        with self.spark(f"trailbound compare {source} {replicat}") as spark, self.store() as store:
-            return compare(spark, store, self.config, source, replicat, pattern=pattern, wait_seconds=wait_seconds)
-
-    def load(self, source: str, replicat: str, *, mode: str = "snapshot", pattern: str = "*.*",
-             chunk_rows: int = 50_000, say: Callable[[str], None] = print):
-        """`trailbound load SOURCE REPLICAT` on a local Spark session in this task (the
-        source's DSN stays in this process, as for the compare); `say` gets each progress
-        line as it happens. Returns the LoadResult."""
-        from trailbound.load.run import run_load
-
-        self.export_source_dsn(source)
-        self.export_target_dsn()
-        with self.spark(f"trailbound load {source} {replicat}") as spark, self.store() as store:
-            return run_load(spark, store, self.config, source, replicat, mode=mode, pattern=pattern,
-                            chunk_rows=chunk_rows, say=say)
+    @contextmanager
+    def store(self) -> Iterator[MetadataStore]:
+        """The metadata store, open for the block (as the Postgres provider's get_conn())."""
+        store = MetadataStore.open(self.dsn())
+        try:
+            yield store
+        finally:
+            store.close()
 
     @contextmanager
     def spark(self, name: str):
@@ -129,12 +120,31 @@ class TrailboundHook(BaseHook):
         finally:
             session.stop()
 
+    # ------------------------------------------------------------ the command line
+
+    def run_command(self, argv: list[str]) -> str:
+        """Run one `trailbound` command line in this process (the same verbs as the CLI, so
+        the UI and the shell speak one language) with the DSNs this hook resolves; return
+        what it printed, or raise with it when the command fails. For the control DAG and
+        the runs in the task: what these commands print is their result (INFO, SHOWTRANS,
+        a directive recorded), and the CLI records a run's outcome as the shell's would."""
+        from trailbound import cli
+
+        output = io.StringIO()
+        with redirect_stdout(output), redirect_stderr(output):
+            status = cli.main([*(["--config", self.config_path] if self.config_path else []), *argv],
+                              dsns=self.dsns())
+        self.log.info("trailbound %s\n%s", " ".join(argv), output.getvalue())
+        if status != 0:
+            raise AirflowException(f"trailbound {' '.join(argv)} failed: {output.getvalue().strip()}")
+        return output.getvalue().strip()
+
     def runs_in_the_task(self, kind: str, group: str, spark_master: str | None) -> bool:
         """Whether a pump or replicat run can run in this task instead of a spark-submit
         job (whose JVM costs 3-4 s here before our code runs, for work that needs none;
         docs/architecture.md, "Where each stage runs"): its trails
         are on the local filesystem, and for replicat, which starts Spark only to net many
-        key-changing UPDATEs (netpython.LIMIT), the Spark connection's master is local, so the session it may
+        key-changing UPDATEs (replicat/net/python.py's LIMIT), the Spark connection's master is local, so the session it may
         start in the task is the one spark-submit would have made. Capture always submits."""
         from trailbound import files as trailfs
         from trailbound.pump.run import needs_spark
@@ -148,10 +158,90 @@ class TrailboundHook(BaseHook):
         return False
 
     def run_in_the_task(self, kind: str, group: str, spark_master: str) -> str:
-        """`trailbound pump|replicat run GROUP` in this task (see runs_in_the_task); a Spark
-        session it turns out to need uses `spark_master`."""
+        """`trailbound pump|replicat run GROUP` in this task (see runs_in_the_task): the
+        command line the spark-submit job runs (jobs/pump.py, jobs/replicat.py), so the
+        run is recorded and locked the same way; a Spark session it turns out to need
+        uses `spark_master` (not a secret: the task's own environment may say it)."""
         os.environ["SPARK_MASTER"] = spark_master
         return self.run_command([kind, "run", group])
+
+    # ------------------------------------------------------------ the engine, called with the DSNs
+
+    def pull_archive(self, source: str):
+        """`trailbound archive pull SOURCE`: the slot's changes into the archive; returns
+        the PullResult."""
+        from trailbound.sources.postgres.admin import pull
+
+        return pull(self.config, source, dsn=self.source_dsn(source))
+
+    def compare(self, source: str, replicat: str, *, pattern: str = "*", wait_seconds: float = 0.0):
+        """`trailbound compare SOURCE REPLICAT` on a local Spark session in this task (the
+        DSNs stay in this process: a spark-submit job would need them on its command line
+        or in its rendered environment); returns the CompareReport."""
+        from trailbound.compare.run import compare
+
+        source_dsn, target_dsn = self.source_dsn(source), self.target_dsn()
+        with self.spark(f"trailbound compare {source} {replicat}") as spark, self.store() as store:
+            return compare(spark, store, self.config, source, replicat, pattern=pattern, wait_seconds=wait_seconds,
+                           source_dsn=source_dsn, target_dsn=target_dsn)
+
+    def load(self, source: str, replicat: str, *, mode: str = "snapshot", pattern: str = "*.*",
+             chunk_rows: int = 50_000, say: Callable[[str], None] = print):
+        """`trailbound load SOURCE REPLICAT` on a local Spark session in this task (the
+        DSNs stay in this process, as for the compare); `say` gets each progress line as
+        it happens. Returns the LoadResult."""
+        from trailbound.load.run import run_load
+
+        source_dsn, target_dsn = self.source_dsn(source), self.target_dsn()
+        with self.spark(f"trailbound load {source} {replicat}") as spark, self.store() as store:
+            return run_load(spark, store, self.config, source, replicat, mode=mode, pattern=pattern,
+                            chunk_rows=chunk_rows, say=say, source_dsn=source_dsn, target_dsn=target_dsn)
+
+    def extract_state(self, group: str):
+        """The extract's checkpoints (capture.checkpoints.ExtractState), None if not added."""
+        from trailbound.capture import checkpoints
+
+        with self.store() as store:
+            return checkpoints.read(store, group)
+
+    def validate_new_trail(self, group: str, source: str, after_seqno: int):
+        """Great Expectations on the extract's trail files committed after `after_seqno`
+        (quality.validate_new_trail); returns the TrailCheck."""
+        from trailbound import quality
+
+        with self.store() as store:
+            return quality.validate_new_trail(store, group, source, after_seqno)
+
+    def check_replica(self, group: str):
+        """The replica check after a replicat run (quality.validate_replica); for a live
+        source a compare on a Spark session in this task. Returns the QualityReport."""
+        from contextlib import nullcontext
+
+        from trailbound import quality
+
+        config = self.config
+        source = config.replicat(group).source
+        live = config.source(source).postgres is not None
+        source_dsn = self.source_dsn(source) if live else None
+        target_dsn = self.target_dsn()
+        with (self.spark(f"trailbound replica check {group}") if live else nullcontext()) as spark, \
+                self.store() as store:
+            return quality.validate_replica(config, store, group, spark=spark, source_dsn=source_dsn,
+                                            target_dsn=target_dsn)
+
+    def purge(self):
+        """Archive-log retention, then the trail purge (PURGEOLDEXTRACTS), with a Spark
+        session only for a trail out of the local filesystem's reach (s3a://, hdfs://).
+        Returns (RetentionResult, PurgeResult)."""
+        from contextlib import nullcontext
+
+        from trailbound.retention import run_retention
+        from trailbound.trail import purge as trailpurge
+
+        with self.store() as store:
+            retained = run_retention(store, self.config)
+            with (self.spark("trailbound purge trails") if trailpurge.needs_spark(store) else nullcontext()) as spark:
+                return retained, trailpurge.purge_trails(store, self.config, spark=spark)
 
     def nothing_to_do(self, kind: str, group: str, until: str | None = None) -> str | None:
         """Why a capture/pump/replicat run of `group` has nothing to do (trailbound.idle:
@@ -167,15 +257,5 @@ class TrailboundHook(BaseHook):
             if kind == "pump":
                 return idle.pump_idle(store, self.config, group)
             if kind == "replicat":
-                config = self.config
-                return idle.replicat_idle(store, config, group,
-                                          self._connection_dsn(config.target.conn_id, config.target.dsn_env))
+                return idle.replicat_idle(store, self.config, group, self.target_dsn())
         raise ValueError(f"unknown kind of group {kind!r}")
-
-    @contextmanager
-    def store(self) -> Iterator[MetadataStore]:
-        store = MetadataStore.open(self.dsn())
-        try:
-            yield store
-        finally:
-            store.close()

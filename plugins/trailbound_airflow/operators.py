@@ -8,10 +8,17 @@ with it and no Asset event is published, so nothing downstream is triggered for 
 When the check cannot tell, the job runs as before.
 
 Pump and replicat of local trails need no Spark (replicat starts it only to net more
-key-changing UPDATEs than netpython.LIMIT in a chunk): with a local Spark master they
+key-changing UPDATEs than replicat/net/python.py's LIMIT in a chunk): with a local Spark master they
 run in the task itself (TrailboundHook.runs_in_the_task), sparing each run
 spark-submit's JVM start (docs/architecture.md, "Where each stage runs"). Capture, and
 every run for a cluster master or a trail out of the local filesystem, is submitted.
+
+A submitted job gets its DSNs (the metadata store's, and a replicat's the target's) as
+TrailboundHook resolves them, in the spark-submit child process's environment: a dict
+given to that one subprocess, never the Airflow worker's os.environ. Only for a local
+or standalone client-mode master: for YARN and Kubernetes the provider would put each
+variable on the spark-submit command line (`--conf ...Env.X=...`), so there the job
+reads them from the worker's environment, as before.
 """
 
 from __future__ import annotations
@@ -48,7 +55,34 @@ class TrailboundSparkSubmitOperator(SparkSubmitOperator):
             self.log.info("%s %s needs no spark-submit: running in this task", self.kind, self.group)
             hook.run_in_the_task(self.kind, self.group, master)
             return None
+        # The job's DSNs go in the child's environment only (see the module's docstring).
+        self._job_env = hook.dsns(target=self.kind == "replicat") if self._env_stays_local(master) else {}
         return super().execute(context)
+
+    def _env_stays_local(self, master: str | None) -> bool:
+        """Does SparkSubmitHook hand env_vars to the spark-submit process only (a local or
+        standalone master in client mode), rather than writing them on its command line
+        (YARN, Kubernetes) or refusing them (standalone cluster mode)?"""
+        if master is None or "yarn" in master or "k8s" in master:
+            return False
+        try:
+            extra = BaseHook.get_connection(self._conn_id).extra_dejson
+        except AirflowNotFoundException:
+            extra = {}
+        return (self._deploy_mode or extra.get("deploy-mode")) != "cluster"
+
+    def _get_hook(self):
+        """SparkSubmitHook with the job's DSNs added to env_vars for this submit only: the
+        operator's own env_vars (a rendered template field) never holds them."""
+        job_env = getattr(self, "_job_env", None)
+        if not job_env:
+            return super()._get_hook()
+        own = self.env_vars
+        self.env_vars = {**(own or {}), **job_env}
+        try:
+            return super()._get_hook()
+        finally:
+            self.env_vars = own
 
     def _spark_master(self) -> str | None:
         """The Spark connection's master (None if there is no such connection)."""

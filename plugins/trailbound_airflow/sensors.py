@@ -18,7 +18,7 @@ class ArchiveCoversIntervalSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("until",)
 
     def __init__(self, *, source: str, until: str = "{{ data_interval_end }}",
-                 trailbound_conn_id: str = TrailboundHook.default_conn_name, **kwargs):
+                 trailbound_conn_id: str | None = None, **kwargs):
         kwargs.setdefault("mode", "reschedule")
         super().__init__(**kwargs)
         self.source, self.until, self.trailbound_conn_id = source, until, trailbound_conn_id
@@ -51,7 +51,7 @@ class LongRunningTransactionSensor(BaseSensorOperator):
 
     def __init__(self, *, group: str, until: str = "{{ data_interval_end }}", duration: timedelta | None = None,
                  checkinterval: timedelta | None = None, deferrable: bool = True, notifier=None,
-                 trailbound_conn_id: str = TrailboundHook.default_conn_name, **kwargs):
+                 trailbound_conn_id: str | None = None, **kwargs):
         kwargs.setdefault("mode", "reschedule")
         super().__init__(**kwargs)
         self.group, self.until, self.duration, self.checkinterval = group, until, duration, checkinterval
@@ -88,14 +88,11 @@ class LongRunningTransactionSensor(BaseSensorOperator):
         raise AirflowFailException(message)
 
     def poke(self, context) -> bool:
-        from trailbound.capture import checkpoints as ckpt
-
         from trailbound_airflow.triggers import long_transactions
 
         hook = TrailboundHook(self.trailbound_conn_id)
         duration = self.duration or hook.config.extract(self.group).warnlongtrans.duration
-        with hook.store() as store, store.transaction() as cur:
-            state = ckpt.load(cur, self.group)
+        state = hook.extract_state(self.group)
         until = datetime.fromisoformat(str(self.until))
         if state is None or state.read_time is None or state.read_time < until:
             self.log.info("waiting for capture %s to read past %s", self.group, until)

@@ -7,7 +7,8 @@ are blocking psycopg2 calls: they run in a thread (sync_to_async), never on the
 triggerer's event loop, which every deferred task of the deployment shares.
 
 Its kwargs are stored in Airflow's database: they name the connection and configuration
-file, never a DSN (a password would sit in the trigger table).
+file, never a DSN (a password would sit in the trigger table); the triggerer resolves the
+DSN through TrailboundHook, as a task does.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def long_transactions(state, duration: timedelta) -> list[dict]:
 
 class LongRunningTransactionTrigger(BaseTrigger):
     def __init__(self, *, group: str, until: str, duration_seconds: float, checkinterval_seconds: float,
-                 trailbound_conn_id: str, config_path: str | None = None):
+                 trailbound_conn_id: str | None, config_path: str | None = None):
         super().__init__()
         self.group, self.until = group, until
         self.duration_seconds, self.checkinterval_seconds = duration_seconds, checkinterval_seconds
@@ -46,13 +47,10 @@ class LongRunningTransactionTrigger(BaseTrigger):
 
     def check(self) -> dict | None:
         """Blocking: None while the capture has not read past `until`, else the event."""
-        from trailbound.capture import checkpoints as ckpt
-
         from trailbound_airflow.hooks import TrailboundHook
 
         hook = TrailboundHook(self.trailbound_conn_id, config_path=self.config_path)
-        with hook.store() as store, store.transaction() as cur:
-            state = ckpt.load(cur, self.group)
+        state = hook.extract_state(self.group)
         until = datetime.fromisoformat(self.until)
         if state is None or state.read_time is None or state.read_time < until:
             self.log.info("waiting for capture %s to read past %s (checking every %ss)", self.group, until,

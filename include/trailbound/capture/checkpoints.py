@@ -289,3 +289,10 @@ def history(cur, group: str, count: int) -> list[dict]:
     cur.execute("SELECT * FROM trailbound.extract_run WHERE group_name = %s ORDER BY run_id DESC LIMIT %s",
                 (group, count))
     return cur.fetchall()
+
+
+def read(store, group: str) -> ExtractState | None:
+    """`load` in a transaction of its own, for a reader outside a run (the Airflow
+    sensors and trigger, the capture DAG's checks)."""
+    with store.transaction() as cur:
+        return load(cur, group)

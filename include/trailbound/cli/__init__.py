@@ -65,10 +65,13 @@ def _outcome_recorded(ctx: Context, argv: list[str]):
         yield
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, dsns: dict[str, str] | None = None) -> int:
+    """Run one command line. `dsns` (environment variable name -> DSN) stands in for
+    those variables: the Airflow hook passes the DSNs it resolved this way instead of
+    writing them into the process environment."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    ctx = Context(args)
+    ctx = Context(args, dsns)
     try:
         with _outcome_recorded(ctx, argv):
             with spark_task_errors_as_ours():

@@ -34,8 +34,9 @@ def non_negative(text: str) -> int:
 class Context:
     """What a verb needs, opened lazily: a verb that needs no database opens none."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, dsns: dict[str, str] | None = None):
         self.args = args
+        self.dsns = dict(dsns or {})  # variable -> DSN, given by the caller (see main)
         self._config = None
         self._store = None
         self._spark = None
@@ -51,8 +52,14 @@ class Context:
         if self._store is None:
             from trailbound.metadata import MetadataStore, dsn_from_env
 
-            self._store = MetadataStore.open(dsn_from_env(self.config.metadata.dsn_env))
+            variable = self.config.metadata.dsn_env
+            self._store = MetadataStore.open(self.dsns.get(variable) or dsn_from_env(variable))
         return self._store
+
+    @property
+    def target_dsn(self) -> str | None:
+        """The target's DSN when the caller gave it; None: the engine reads the variable."""
+        return self.dsns.get(self.config.target.dsn_env)
 
     @property
     def spark(self):

@@ -11,7 +11,7 @@ def replicat_run(ctx: Context) -> int:
     from trailbound.replicat.run import run_replicat
 
     # Spark started only if the run needs it: a local trail of plain DML needs no JVM.
-    print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group).describe())
+    print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group, target_dsn=ctx.target_dsn).describe())
     return 0
 
 
@@ -22,7 +22,7 @@ def add_checkpointtable(ctx: Context) -> int:
         names = [ctx.args.name]
     else:  # ADD CHECKPOINTTABLE with no name: the one(s) the replicats are configured with
         names = sorted({r.checkpointtable for r in ctx.config.replicats.values()}) or ["trailbound.ggcheckpoint"]
-    connection = target.connect(ctx.config)
+    connection = target.connect(ctx.config, ctx.target_dsn)
     try:
         for text in names:
             name = checkpoint_table.CheckpointTableName.parse(text)
@@ -38,14 +38,15 @@ def add_checkpointtable(ctx: Context) -> int:
 def alter_replicat(ctx: Context) -> int:
     from trailbound.replicat.alter import reposition
 
-    print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change))
+    print(reposition(ctx.store, ctx.config, ctx.args.group, ctx.args.change, target_dsn=ctx.target_dsn))
     return 0
 
 
 def info_replicat(ctx: Context) -> int:
     from trailbound.replicat.info import describe_replicat
 
-    return info_groups(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch))
+    return info_groups(ctx, "replicat", lambda name: describe_replicat(ctx.store, ctx.config, name, showch=ctx.args.showch,
+                                                                       target_dsn=ctx.target_dsn))
 
 
 def target_create(ctx: Context) -> int:
@@ -55,7 +56,7 @@ def target_create(ctx: Context) -> int:
     source = ctx.source_name()
     rules = [rule for r in ctx.config.replicats.values() if r.source.upper() == source.upper() for rule in r.map]
     defs = load_defs(ctx.config.archive_dir(source))
-    connection = target.connect(ctx.config)
+    connection = target.connect(ctx.config, ctx.target_dsn)
     try:
         with connection.cursor() as cur:
             done = target.create_tables(cur, defs, rules or target.IDENTITY)

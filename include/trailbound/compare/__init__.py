@@ -10,5 +10,5 @@ targets hold the same rows (`trailbound compare SRC REP1`, docs/compare.md).
 The command line, `quality.py` (the replica check of a live source) and the Airflow
 plugin import this package; no other engine package does. It reads the source database
 directly (plain SELECTs, no locks); it imports nothing from trailbound.sources: run.py plans
-key ranges with the planner it shares with the initial load (trailbound/keyranges.py).
+key ranges with the planner it shares with the initial load (keyranges.py, at the engine's top level).
 """

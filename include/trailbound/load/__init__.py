@@ -13,5 +13,5 @@ load's chunks at their high watermarks (and names the watermark and window table
 package). Who may import what: the load imports replicat, never the other way round;
 `run.py` talks to the source as `sources/postgres/` does and is imported only by
 `cli/load.py`; `copy.py` and `progress.py` import nothing from `sources/`. Key ranges
-(planned, and as SQL conditions) are trailbound/keyranges.py, shared with the compare.
+(planned, and as SQL conditions) are the engine's keyranges.py, shared with the compare.
 """

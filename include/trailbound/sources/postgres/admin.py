@@ -337,11 +337,13 @@ def describe_source(config: Config, name: str) -> str:
     return "\n".join(lines)
 
 
-def pull(config: Config, name: str, *, patience: float = 60.0):
+def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None = None):
+    """`archive pull`: the slot's changes into archive segments (the source's DSN from
+    `dsn_env`, or `dsn`)."""
     from trailbound.sources.postgres.miner import Limits, pull as run_pull
 
     source = config.source_name(name)
     pg = config.postgres(source)
     limits = Limits(pg.segment.records, pg.segment.bytes, pg.segment.seconds)
-    return run_pull(source, config.archive_dir(source), dsn_from_env(pg.dsn_env), pg.slot, pg.publication, limits,
-                    patience=patience)
+    return run_pull(source, config.archive_dir(source), dsn or dsn_from_env(pg.dsn_env), pg.slot, pg.publication,
+                    limits, patience=patience)
