@@ -122,7 +122,7 @@ def test_restarts_of_the_source_and_of_the_target_and_metadata_server_mid_stage(
         _one_error_line(rc, err, "ERROR source PG: the connection to the source failed after LSN ")
     print(f"pull under a source restart: exit {rc}: {(err.strip() or out.strip())[-400:]}")
     flag = tmp_path / "paused"
-    assert slot_confirmed(source) <= discover(archive)[-1].next_scn, "the slot was confirmed past the archive"
+    assert slot_confirmed(source) <= discover(archive)[-1].next_scn.value, "the slot was confirmed past the archive"
     rc, out, err = _done(_trailbound(config_path, env, "archive", "pull", "PG"))
     assert rc == 0, err
     ids = [json.loads(r["after"])["id"] for segment in discover(archive)
