@@ -29,6 +29,7 @@ from psycopg2 import sql
 
 from capture_kit import TABLES, Archive, ins, rec
 from pump_kit import write_config
+from trailbound.positions import Scn
 from trailbound.trail import format as trail
 from trailbound.archive.writer import write_defs
 
@@ -550,14 +551,14 @@ def record_changed_footer_recomputed(path):
     table = table.set_column(table.schema.get_field_index("after"), "after", pa.array(after, pa.string()))
     seqno = int(path.name[-9:])
     trail.write_file(path.with_name(path.name[:-9]), seqno, table, group="EXT1",
-                     log_bsn=table.column("log_bsn")[0].as_py())
+                     log_bsn=Scn(table.column("log_bsn")[0].as_py()))
 
 
 def rba_gap_footer_recomputed(path):
     table = trail.read_file(path)
     table = table.set_column(0, "rba", pa.array([r + 1 for r in table.column("rba").to_pylist()], pa.int64()))
     trail.write_file(path.with_name(path.name[:-9]), int(path.name[-9:]), table, group="EXT1",
-                     log_bsn=table.column("log_bsn")[0].as_py())
+                     log_bsn=Scn(table.column("log_bsn")[0].as_py()))
 
 
 def not_a_trail_file(path):

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from capture_kit import T0
 from trailbound import config as configuration
+from trailbound.positions import Scn
 from trailbound.trail import format as trail
 from trailbound import files as trailfs
 
@@ -73,7 +74,7 @@ class SourceTrail:
         rows, self.scn = records_of(transactions, self.scn)
         self.seqno += 1
         info = trail.write_file(self.prefix, self.seqno, pa.Table.from_pylist(rows, trail.SCHEMA), group=self.group,
-                                log_bsn=50)
+                                log_bsn=Scn(50))
         if commit:
             self.commit(info)
         return info
@@ -83,7 +84,7 @@ class SourceTrail:
             cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
                         " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         (str(self.prefix), info.seqno, str(info.path), info.records, info.bytes, info.sha256,
-                         str(info.first_csn), str(info.last_csn), info.log_bsn, self.group))
+                         str(info.first_csn), str(info.last_csn), info.log_bsn.value, self.group))
 
 
 def committed_files(store, trail_key: str) -> list[dict]:

@@ -30,7 +30,7 @@ from trailbound.capture.run import run_extract
 from trailbound.durable import file_sha256
 from trailbound.errors import TrailError
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn
+from trailbound.positions import Csn, Scn
 from trailbound.pump.run import run_pump
 from trailbound.replicat.run import run_replicat
 from trailbound.trail import format as trail
@@ -94,12 +94,12 @@ def test_written_lines_are_the_images_as_copy_text_and_the_digest_covers_them(tm
                 "3\t\t\\N\t\\N\t0\t0.10\n"]
 
     single = trail.write_file(tmp_path / "a" / "lt", 1, trail.with_copy_lines(records, layouts), group="EXT1",
-                              log_bsn=50)
+                              log_bsn=Scn(50))
     planned_input = records.drop_columns(["rba", "trans_ind", "copy_line"]).append_column(
         "file_no", pa.array([0] * len(records), pa.int64()))
     [planned] = trail.write_planned_files(tmp_path / "b" / "lt", 1, planned_input.to_batches(max_chunksize=3),
-                                          group="EXT1", log_bsn=50, layouts=layouts)
-    writer = trail.TrailWriter(tmp_path / "c" / "lt", 1, max_bytes=1 << 30, group="EXT1", log_bsn=50,
+                                          group="EXT1", log_bsn=Scn(50), layouts=layouts)
+    writer = trail.TrailWriter(tmp_path / "c" / "lt", 1, max_bytes=1 << 30, group="EXT1", log_bsn=Scn(50),
                                layouts=layouts)
     for batch in records.drop_columns(["copy_line"]).to_batches(max_chunksize=3):
         writer.add(batch)
@@ -115,7 +115,7 @@ def test_written_lines_are_the_images_as_copy_text_and_the_digest_covers_them(tm
     assert written["after"].to_pylist() == records["after"].to_pylist()
 
     # A file written without layouts has no lines, and says so.
-    bare = trail.write_file(tmp_path / "d" / "lt", 1, records, group="EXT1", log_bsn=50)
+    bare = trail.write_file(tmp_path / "d" / "lt", 1, records, group="EXT1", log_bsn=Scn(50))
     assert trail.read_file(bare.path)["copy_line"].null_count == len(records)
     assert trail.copy_line_layouts(trail.read_file(bare.path)) == {}
 
@@ -164,7 +164,7 @@ def _home(tmp_path: Path, tables, **options) -> tuple[configuration.Config, Path
 def _commit_files(store, prefix: Path, tables: list[pa.Table]) -> None:
     source = SourceTrail(store, prefix)
     for seqno, table in enumerate(tables, start=1):
-        source.commit(trail.write_file(prefix, seqno, table, group="EXT1", log_bsn=50))
+        source.commit(trail.write_file(prefix, seqno, table, group="EXT1", log_bsn=Scn(50)))
 
 
 def _rows(target_dsn: str, table: str, columns: str) -> list[tuple]:
@@ -308,7 +308,7 @@ def _write_version_1(prefix: Path, seqno: int, records: pa.Table) -> trail.Trail
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table.replace_schema_metadata({trail._METADATA_KEY: json.dumps(meta).encode()}), path,
                    compression="zstd", write_page_checksum=True)
-    return trail.TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, 50)
+    return trail.TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, Scn(50))
 
 
 def test_a_version_1_file_reads_without_lines_and_replicat_applies_it(tmp_path, store, target_dsn):
@@ -336,7 +336,7 @@ def test_a_version_1_file_reads_without_lines_and_replicat_applies_it(tmp_path, 
     new = trail.with_copy_lines(new, {"shop.items": ITEMS_LAYOUT})
     source = SourceTrail(store, prefix)
     source.commit(info)
-    source.commit(trail.write_file(prefix, 2, new, group="EXT1", log_bsn=50))
+    source.commit(trail.write_file(prefix, 2, new, group="EXT1", log_bsn=Scn(50)))
     _create_target(config, target_dsn)
     result = run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
     assert result.transactions == 3

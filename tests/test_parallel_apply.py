@@ -24,7 +24,7 @@ from trailbound import config as configuration
 from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
-from trailbound.positions import Csn
+from trailbound.positions import Csn, Scn
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError, copychain
 from trailbound.replicat.info import describe_replicat
@@ -335,7 +335,7 @@ def test_a_file_replaced_after_its_commit_commits_nothing_from_the_sessions(tmp_
     def transactions(note):
         return [(f"T{k}", [("INSERT", "shop.items", None, _item(k, note))]) for k in range(1, 41)]
     _commit_files(store, prefix, [_records(transactions("as committed"))])
-    replaced = trail.write_file(prefix, 1, _records(transactions("replaced")), group="EXT1", log_bsn=50)
+    replaced = trail.write_file(prefix, 1, _records(transactions("replaced")), group="EXT1", log_bsn=Scn(50))
     _create_target(config, target_dsn)
     with pytest.raises(TrailError) as refused:
         run_replicat(None, store, config, "REP1", target_dsn=target_dsn)
@@ -364,7 +364,7 @@ def test_a_damaged_next_file_stops_the_run_after_every_group_in_flight_is_commit
     first = _records(transactions(1, 31, "first file"))
     _commit_files(store, prefix, [first, _records(transactions(32, 10, "as committed"), scn=10_000)])
     replaced = trail.write_file(prefix, 2, _records(transactions(32, 10, "replaced"), scn=10_000), group="EXT1",
-                                log_bsn=50)
+                                log_bsn=Scn(50))
     _create_target(config, target_dsn)
     with pytest.raises(TrailError) as refused:
         run_replicat(None, store, config, "REP1", target_dsn=target_dsn)

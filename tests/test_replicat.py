@@ -29,7 +29,7 @@ from trailbound.capture.run import run_extract
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import TrailboundError
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import ApplyError
@@ -618,7 +618,7 @@ def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_ds
                                                                                 str(last_csn))
     assert json.loads(row["log_cmplt_xids"]) and row["log_xid"] in json.loads(row["log_cmplt_xids"])
     assert row["log_bsn"] == str(log_bsn) and row["audit_ts"] is not None and row["group_key"] == 0
-    assert _file_checkpoint(metadata_copy) == ckpt.Checkpoint(end, last_csn, int(row["log_bsn"]), row["audit_ts"])
+    assert _file_checkpoint(metadata_copy) == ckpt.Checkpoint(end, last_csn, Scn(int(row["log_bsn"])), row["audit_ts"])
     with psycopg2.connect(metadata_copy) as connection, connection.cursor() as cur:
         cur.execute("SELECT seqno, rba FROM trailbound.trail_reader WHERE reader_kind = 'replicat'"
                     " AND group_name = 'REP1'")

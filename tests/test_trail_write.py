@@ -12,7 +12,7 @@ import pytest
 
 from trailbound.capture import trailwrite
 from trailbound.errors import TrailboundError
-from trailbound.positions import Csn
+from trailbound.positions import Csn, Scn
 from trailbound.trail import format as trails
 
 
@@ -45,10 +45,11 @@ def test_files_written_in_pieces_are_the_files_one_writer_writes(tmp_path):
     table = _records([(10, 3), (11, 1), (12, 2)], [0, 0, 1])
     # Two writers, each given its files' records in batches that cut through a transaction.
     first = list(trails.write_planned_files(tmp_path / "a" / "lt", 4, table.slice(0, 4).to_batches(max_chunksize=2),
-                                            group="EXT1", log_bsn=5))
+                                            group="EXT1", log_bsn=Scn(5)))
     second = list(trails.write_planned_files(tmp_path / "a" / "lt", 4, table.slice(4).to_batches(max_chunksize=1),
-                                             group="EXT1", log_bsn=5))
-    whole = list(trails.write_planned_files(tmp_path / "b" / "lt", 4, table.to_batches(), group="EXT1", log_bsn=5))
+                                             group="EXT1", log_bsn=Scn(5)))
+    whole = list(trails.write_planned_files(tmp_path / "b" / "lt", 4, table.to_batches(), group="EXT1",
+                                            log_bsn=Scn(5)))
     assert [f.seqno for f in first + second] == [4, 5] == [f.seqno for f in whole]
     assert [f.sha256 for f in first + second] == [f.sha256 for f in whole]
     written = trails.read_file(whole[0].path)
@@ -60,7 +61,7 @@ def test_files_written_in_pieces_are_the_files_one_writer_writes(tmp_path):
 def test_records_out_of_commit_order_are_refused(tmp_path):
     table = _records([(11, 1), (10, 1)], [0, 0])
     with pytest.raises(TrailboundError, match="out of commit order"):
-        list(trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=5))
+        list(trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=Scn(5)))
     assert not list(trails.existing_files(tmp_path / "lt"))
 
 
@@ -68,7 +69,7 @@ def test_records_out_of_commit_order_are_refused(tmp_path):
 def written(tmp_path):
     """A file as a task reports it, and the plan it was written to."""
     table = _records([(10, 2), (11, 1)], [0, 0])
-    info = next(trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=5))
+    info = next(trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=Scn(5)))
     row = {"file_no": 0, "path": str(info.path), "records": info.records, "bytes": info.bytes, "sha256": info.sha256,
            "first_csn": str(info.first_csn), "last_csn": str(info.last_csn)}
     plan = {0: {"records": 3, "first_csn": info.first_csn, "last_csn": info.last_csn}}
@@ -77,35 +78,35 @@ def written(tmp_path):
 
 def test_the_driver_accepts_what_the_tasks_wrote(written):
     info, row, plan = written
-    assert trailwrite.verify([row], plan, 1, 5) == [info]
+    assert trailwrite.verify([row], plan, 1, Scn(5)) == [info]
 
 
 def test_a_file_the_driver_cannot_see_fails_the_run(written, tmp_path):
     info, row, plan = written
     elsewhere = {**row, "path": str(tmp_path / "worker-local-disk" / info.path.name)}
     with pytest.raises(TrailboundError, match="the driver cannot read it"):
-        trailwrite.verify([elsewhere], plan, 1, 5)
+        trailwrite.verify([elsewhere], plan, 1, Scn(5))
 
 
 def test_a_file_that_is_not_what_its_task_wrote_fails_the_run(written):
     info, row, plan = written
     info.path.write_bytes(info.path.read_bytes()[:-1] + b"\x00")
     with pytest.raises(TrailboundError, match="differs from the"):
-        trailwrite.verify([row], plan, 1, 5)
+        trailwrite.verify([row], plan, 1, Scn(5))
 
 
 def test_a_planned_file_no_task_reported_fails_the_run(written):
     _, row, plan = written
     plan[1] = dict(plan[0])
     with pytest.raises(TrailboundError, match="seqno 2 was planned but no Spark task reported"):
-        trailwrite.verify([row], plan, 1, 5)
+        trailwrite.verify([row], plan, 1, Scn(5))
 
 
 def test_a_file_with_other_records_than_planned_fails_the_run(written):
     _, row, plan = written
     plan[0]["records"] = 4
     with pytest.raises(TrailboundError, match="the plan has 4"):
-        trailwrite.verify([row], plan, 1, 5)
+        trailwrite.verify([row], plan, 1, Scn(5))
 
 
 def test_a_file_is_read_a_row_group_at_a_time_and_a_wrong_rba_is_named(tmp_path, monkeypatch):
@@ -116,7 +117,7 @@ def test_a_file_is_read_a_row_group_at_a_time_and_a_wrong_rba_is_named(tmp_path,
     monkeypatch.setattr(trails, "FIRST_ROW_GROUP_RECORDS", 2)
     monkeypatch.setattr(trails, "ROW_GROUP_RECORDS", 4)
     table = _records([(10, 3), (11, 1), (12, 5), (13, 2)], [0] * 4)
-    (info,) = trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=5)
+    (info,) = trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(), group="EXT1", log_bsn=Scn(5))
     parts = list(trails.read_parts(info.path, sha256=info.sha256, records=info.records))
     assert [len(part) for part in parts] == [2, 4, 4, 1]
     assert pa.concat_tables(parts).equals(trails.read_file(info.path))
@@ -128,7 +129,7 @@ def test_a_file_is_read_a_row_group_at_a_time_and_a_wrong_rba_is_named(tmp_path,
     rbas = whole.column("rba").to_pylist()
     rbas[9] = 42
     wrong = trails.write_file(tmp_path / "bad" / "lt", 1, whole.set_column(0, "rba", pa.array(rbas, pa.int64())),
-                              group="EXT1", log_bsn=5)
+                              group="EXT1", log_bsn=Scn(5))
     parts = trails.read_parts(wrong.path, sha256=wrong.sha256, records=wrong.records)
     assert [len(next(parts)), len(next(parts))] == [2, 4]  # rbas 0-1 and 2-5; 9 is in the third
     with pytest.raises(TrailboundError, match=r"lt000000001.*rba 9: record 9 carries rba 42"):

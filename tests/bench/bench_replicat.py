@@ -145,7 +145,12 @@ def write_trail(transactions, prefix: Path, trail_module, defs=None) -> list:
         from trailbound.copytext import layouts_of
 
         options["layouts"] = layouts_of(defs)
-    writer = trail_module.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=1, **options)
+    from trailbound.positions import Scn
+
+    # An engine from before log_bsn was an Scn takes a bare int.
+    log_bsn = 1 if trail_module.TrailFileInfo.__annotations__.get("log_bsn") == "int" else Scn(1)
+    writer = trail_module.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=log_bsn,
+                                      **options)
     names = [name for name in trail_module.COLUMNS if name != "copy_line"]
     schema = pa.schema([trail_module.SCHEMA.field(name) for name in names])
     columns = {name: [] for name in names}
@@ -268,7 +273,7 @@ def register_trail(store, prefix: Path, files) -> None:
             cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
                         " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
                         (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
-                         str(f.last_csn), f.log_bsn))
+                         str(f.last_csn), getattr(f.log_bsn, "value", f.log_bsn)))
 
 
 def preload_target(target_dsn: str, defs, preload: dict[str, list[dict]]) -> None:

@@ -239,7 +239,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     crashpoint("before_trail_write")
     files = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
                                    expected, prefix, state.write.position.seqno + 1, group=state.group,
-                                   log_bsn=log_bsn.value, layouts=_copy_line_layouts(config, extract))
+                                   log_bsn=log_bsn, layouts=_copy_line_layouts(config, extract))
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from trailbound.capture.logread import spark_schema
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.positions import CSN_COLUMNS, Csn, csn_at_or_below
+from trailbound.positions import CSN_COLUMNS, Csn, Scn, csn_at_or_below
 from trailbound.trail import format as trails
 from trailbound import files as trailfs
 
@@ -91,7 +91,7 @@ def _empty_safe(function):
 
 
 def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path, first_seqno: int, *, group: str,
-                log_bsn: int, layouts: dict | None = None) -> list[trails.TrailFileInfo]:
+                log_bsn: Scn, layouts: dict | None = None) -> list[trails.TrailFileInfo]:
     """Write the planned files (`trail`: records with their file_no) from Spark tasks and
     verify them. `expected` is the plan per file number: records, first and last CSN. The
     inserts of the tables in `layouts` carry their COPY lines (trailbound.copytext), made
@@ -122,7 +122,7 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
     return verify(rows, expected, first_seqno, log_bsn, spark)
 
 
-def verify(rows, expected: dict[int, dict], first_seqno: int, log_bsn: int, spark=None) -> list[trails.TrailFileInfo]:
+def verify(rows, expected: dict[int, dict], first_seqno: int, log_bsn: Scn, spark=None) -> list[trails.TrailFileInfo]:
     """The written files, checked against the plan and against what is on disk as the
     driver sees it (see the module's docstring). Raises TrailboundError naming the file."""
     reported: dict[int, object] = {}

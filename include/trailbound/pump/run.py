@@ -40,7 +40,7 @@ from trailbound import files as trailfs
 from trailbound.durable import file_sha256
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.pump import checkpoints as pck
 from trailbound.pump.checkpoints import PumpState, Shipped, ensure_pump, pump_lock
 from trailbound.pump.filter import filter_records
@@ -155,6 +155,7 @@ class _Run:
     def ship(self, row: dict) -> None:
         remote_seqno = self.state.write.seqno + 1
         target = trailfs.file_location(self.state.rmttrail, remote_seqno)
+        log_bsn = Scn(row["log_bsn"])
         if self.patterns is None:
             local = self._local_copy(row)
             expected, records, bytes_ = row["sha256"], row["records"], row["bytes"]
@@ -167,12 +168,12 @@ class _Run:
                 return
             _, name = trailfs.split(self.state.rmttrail)
             info = trails.write_file(self.staging / name, remote_seqno, kept, group=self.state.group,
-                                     log_bsn=row["log_bsn"])
+                                     log_bsn=log_bsn)
             local, expected, records, bytes_ = info.path, info.sha256, info.records, info.bytes
             first_csn, last_csn = info.first_csn, info.last_csn
         self._copy_verified(local, expected, records, bytes_, target, row)
         remote = trails.TrailFileInfo(remote_seqno, target, records, bytes_, expected, first_csn, last_csn,
-                                      row["log_bsn"])
+                                      log_bsn)
         self._commit(row, remote, last_csn)
 
     def _local_copy(self, row: dict) -> Path:

@@ -26,7 +26,7 @@ from datetime import datetime
 from psycopg2 import sql
 
 from trailbound.errors import TrailboundError
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import Csn, Scn, TrailPosition
 
 GROUP_KEY = 0
 VERSION = 1
@@ -70,7 +70,7 @@ class CheckpointRow:
     create_ts: datetime
     last_update_ts: datetime
     current_dir: str
-    log_bsn: int | None
+    log_bsn: Scn | None
     log_csn: Csn | None
     log_xid: str | None
     log_cmplt_csn: Csn | None
@@ -148,7 +148,7 @@ def read(cur, name: CheckpointTableName, group: str) -> CheckpointRow | None:
         xids = [xids_text]  # written by something else: show it as it is
     parse = lambda text: Csn.parse(text) if text else None  # noqa: E731
     return CheckpointRow(row[0], row[1], row[2] or 0, row[3], row[4], row[5], row[6], row[7],
-                         int(row[8]) if row[8] else None, parse(row[9]), row[10], parse(row[11]), xids, row[13])
+                         Scn(int(row[8])) if row[8] else None, parse(row[9]), row[10], parse(row[11]), xids, row[13])
 
 
 @dataclass
@@ -168,7 +168,7 @@ def overflow_exists(cur, name: CheckpointTableName, group: str) -> Overflow:
 
 
 def row_statements(cur, name: CheckpointTableName, group: str, *, position: TrailPosition, log_csn: Csn | None,
-                   log_bsn: int | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
+                   log_bsn: Scn | None, audit_ts: datetime | None, log_xid: str | None, cmplt_xids: list[str],
                    current_dir: str, commit: bool = False, overflow: Overflow | None = None) -> bytes:
     """The statements that upsert the group's row and its _lox overflow, values bound, as
     one text (in `cur`'s session's encoding) to run inside the caller's transaction, in

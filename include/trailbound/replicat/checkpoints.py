@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trailbound.metadata import load_group_row
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.trail import catalog
 
 READER_KIND = "replicat"
@@ -25,7 +25,7 @@ class Checkpoint:
 
     position: TrailPosition
     log_csn: Csn | None = None
-    log_bsn: int | None = None
+    log_bsn: Scn | None = None
     audit_ts: datetime | None = None
 
     def describe(self) -> str:
@@ -54,7 +54,8 @@ def load(cur, group: str) -> ReplicatState | None:
     startup = TrailPosition(row["startup_seqno"], row["startup_rba"]) if row["startup_seqno"] is not None else None
     return ReplicatState(row["group_name"], row["exttrail"], row["checkpoint_table"],
                          Checkpoint(TrailPosition(row["seqno"], row["rba"]),
-                                    Csn.parse(row["log_csn"]) if row["log_csn"] else None, row["log_bsn"],
+                                    Csn.parse(row["log_csn"]) if row["log_csn"] else None,
+                                    Scn(row["log_bsn"]) if row["log_bsn"] is not None else None,
                                     row["audit_ts"]),
                          startup, row["created_at"], row["altered_at"], row["last_started"], row["last_run_end"],
                          row["updated_at"])
@@ -84,7 +85,8 @@ def save(cur, state: ReplicatState, checkpoint: Checkpoint) -> None:
     cur.execute("UPDATE trailbound.replicat_checkpoint SET seqno = %s, rba = %s, log_csn = %s, log_csn_scn = %s,"
                 " log_bsn = %s, audit_ts = %s, updated_at = now() WHERE group_name = %s",
                 (checkpoint.position.seqno, checkpoint.position.rba, str(csn) if csn else None,
-                 csn.scn if csn else None, checkpoint.log_bsn, checkpoint.audit_ts, state.group))
+                 csn.scn if csn else None, checkpoint.log_bsn.value if checkpoint.log_bsn is not None else None,
+                 checkpoint.audit_ts, state.group))
     catalog.set_reader_position(cur, state.exttrail, READER_KIND, state.group, checkpoint.position)
     state.checkpoint = checkpoint
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
-from trailbound.positions import CSN_COLUMNS, Csn, TrailPosition, csn_at_or_below
+from trailbound.positions import CSN_COLUMNS, Csn, Scn, TrailPosition, csn_at_or_below
 from trailbound.replicat.net.rows import NetRows
 from trailbound.replicat.windows import WATERMARK, high_watermarks
 from trailbound.trail import format as trails
@@ -44,7 +44,7 @@ class Group:
     log_xid: str
     cmplt_xids: list[str]
     audit_ts: datetime
-    log_bsn: int
+    log_bsn: Scn
     operations: int
 
 
@@ -289,7 +289,7 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
         cmplt = xids.take(pa.array(starts[at_last_scn])).to_pylist()
         cmplt_cuts = np.append(np.searchsorted(at_last_scn, firsts), len(at_last_scn)).tolist()
         operations = np.add.reduceat((stops - starts)[applied_txns], cuts[:-1]).tolist()
-        bsn_values = bsns[last_records].tolist()
+        bsn_values = [Scn(value) for value in bsns[last_records].tolist()]
         for g, (end_seqno, end_rba) in enumerate(ends):
             # Units never cross groups, and their numbers increase along the trail.
             units = [(unit, truncated_table.get(unit)) for unit in range(first_units[g], last_units[g] + 1)]

@@ -57,7 +57,7 @@ from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError, TrailError, changed_since_added
 from trailbound.grouplock import CRASH_GRACE, GroupBusy, GroupLock, lock_key
 from trailbound.metadata import MetadataStore
-from trailbound.positions import Csn, TrailPosition
+from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import target as tgt
@@ -451,10 +451,11 @@ class _Run:
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = Csn.from_row(records[0])
+                    bsn = Scn(last["log_bsn"])
                     self.windows.apply(cur, chunk, [txn])
                     self._write_checkpoint_row(cur, end, log_csn=csn, log_xid=records[0]["xid"],
                                                cmplt_xids=[records[0]["xid"]], audit_ts=records[0]["commit_ts"],
-                                               log_bsn=last["log_bsn"])
+                                               log_bsn=bsn)
                     crashpoint("before_target_commit")
                 self.connection.commit()
             except (psycopg2.Error, TrailboundError) as exc:
@@ -476,7 +477,7 @@ class _Run:
                 self._rollback_quietly()
                 raise
             crashpoint("after_target_commit")
-            self._save(ckpt.Checkpoint(end, csn, last["log_bsn"], records[0]["commit_ts"]))
+            self._save(ckpt.Checkpoint(end, csn, bsn, records[0]["commit_ts"]))
             self.result.transactions += 1
             self.result.operations += stats.operations
             self.result.collisions += stats.collisions
@@ -485,7 +486,7 @@ class _Run:
         crashpoint("between_groups")
 
     def _write_checkpoint_row(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
-                              audit_ts: datetime, log_bsn: int) -> None:
+                              audit_ts: datetime, log_bsn: Scn) -> None:
         """The checkpoint table's row for what this target transaction applied (a group,
         or one replayed transaction), written inside it, once the files it was read from
         are known to be the committed ones."""
@@ -494,7 +495,7 @@ class _Run:
                                                 audit_ts=audit_ts, log_bsn=log_bsn))
 
     def _checkpoint_statements(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
-                               audit_ts: datetime, log_bsn: int, commit: bool = False) -> bytes:
+                               audit_ts: datetime, log_bsn: Scn, commit: bool = False) -> bytes:
         return ckt.row_statements(cur, self.table_name, self.state.group, position=end, log_csn=log_csn,
                                   log_bsn=log_bsn, audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids,
                                   current_dir=self.current_dir, commit=commit, overflow=self.overflow)

@@ -26,7 +26,7 @@ def register(cur, trail: str, files: Iterable, written_by: str) -> None:
     """List committed trail files (`format.TrailFileInfo`s; a remote file's path is its
     location text). A re-run after a crash rewrites the same seqnos: the committed rows win."""
     rows = [(trail, f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn), str(f.last_csn),
-             f.log_bsn, written_by) for f in files]
+             f.log_bsn.value, written_by) for f in files]
     if rows:
         execute_values(cur, "INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256,"
                             " first_csn, last_csn, log_bsn, written_by) VALUES %s", rows)

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from trailbound import copytext
 from trailbound.durable import atomic_write, file_sha256
 from trailbound.errors import TrailboundError, TrailError
-from trailbound.positions import CSN_COLUMNS, Csn, TRAIL_ORDER, TrailPosition
+from trailbound.positions import CSN_COLUMNS, Csn, Scn, TRAIL_ORDER, TrailPosition
 
 # Version 2 added `copy_line`, each INSERT's row as a COPY text line. Version 1 files read
 # as if that column were all NULL.
@@ -85,7 +85,7 @@ class TrailFileInfo:
     sha256: str        # of the whole file, for shipping checks
     first_csn: Csn
     last_csn: Csn
-    log_bsn: int
+    log_bsn: Scn
 
     @property
     def end(self) -> TrailPosition:
@@ -148,7 +148,7 @@ def _set_copy_lines(table: pa.Table, lines, layouts: dict) -> pa.Table:
     return table.append_column(field, lines)
 
 
-def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: int) -> TrailFileInfo:
+def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn: Scn) -> TrailFileInfo:
     """Write one complete trail file (atomically: temporary name, fsync, rename, fsync the
     directory). Its copy lines are `table`'s, with their layouts (a table read from a
     trail file, or given lines by `with_copy_lines`); a table without them gets none."""
@@ -159,7 +159,7 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
     first = Csn.from_row(table.slice(0, 1).to_pylist()[0])
     last = Csn.from_row(table.slice(len(table) - 1).to_pylist()[0])
     meta = {"format_version": FORMAT_VERSION, "group": group, "trail": prefix.name, "seqno": seqno,
-            "records": len(table), "first_csn": str(first), "last_csn": str(last), "log_bsn": log_bsn,
+            "records": len(table), "first_csn": str(first), "last_csn": str(last), "log_bsn": log_bsn.value,
             "content_sha256": _content_digest(table, FORMAT_VERSION, layouts)}
     path = trail_path(prefix, seqno)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,7 +236,7 @@ def transaction_indicators(csn_keys: list[np.ndarray]) -> np.ndarray:
 
 
 def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.RecordBatch], *, group: str,
-                        log_bsn: int, between_files=None, layouts: dict | None = None) -> Iterator[TrailFileInfo]:
+                        log_bsn: Scn, between_files=None, layouts: dict | None = None) -> Iterator[TrailFileInfo]:
     """Write the files of a stream of record batches sorted by (`file_no`, commit order):
     the records of file number k become trail file `first_seqno + k`, with their rbas,
     transaction indicators and the copy lines of the tables in `layouts`. `between_files`
@@ -277,7 +277,7 @@ class TrailWriter:
     (measured as Arrow bytes; the file on disk is smaller, compressed), with the copy
     lines of the tables in `layouts`."""
 
-    def __init__(self, prefix: Path, start_seqno: int, *, max_bytes: int, group: str, log_bsn: int,
+    def __init__(self, prefix: Path, start_seqno: int, *, max_bytes: int, group: str, log_bsn: Scn,
                  layouts: dict | None = None):
         self.prefix, self.seqno, self.max_bytes = prefix, start_seqno, max_bytes
         self.group, self.log_bsn, self.layouts = group, log_bsn, layouts or {}
