@@ -213,10 +213,7 @@ def accept_gap(config: Config, name: str) -> str:
     connection = connect(config, source)
     try:
         with connection.cursor() as cur:
-            cur.execute("SELECT current_database()")
-            (database,), = cur.fetchall()
-            slot = continuity.read_slot(cur, pg.slot)
-            gap = continuity.find_gap(pg.slot, slot, end, database)
+            slot, gap = continuity.inspect(cur, pg.slot, end)
             if gap is None:
                 return (f"SOURCE {source}: slot {pg.slot} resumes at {slot.confirmed}, within the archive (which ends "
                         f"at {end}): there is no gap to accept")
@@ -279,26 +276,30 @@ def slot_lag(config: Config, name: str, dsn: str | None = None) -> SlotLag:
     connection = connect(config, source, dsn)
     try:
         with connection.cursor() as cur:
-            slot = continuity.read_slot(cur, pg.slot)
-            cur.execute("SELECT current_database()")
-            (database,), = cur.fetchall()
-        gap = continuity.find_gap(pg.slot, slot, state.next_scn, database)
-        rows = _query(connection, "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid,"
-                                  " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
-                                  " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,"
-                                  " pg_current_wal_lsn()::text, now()"
-                                  " FROM pg_replication_slots WHERE slot_name = %s", (pg.slot,))
+            slot, gap = continuity.inspect(cur, pg.slot, state.next_scn)
+            cur.execute("SELECT pg_current_wal_lsn()::text, now()")
+            current, now = cur.fetchone()
     finally:
         connection.close()
-    if not rows:
+    if slot is None:
         return SlotLag(source, pg.slot, False, gap=gap, gaps=tuple(state.gaps), start_scn=state.next_scn)
-    confirmed, restart, pid, lag, held, current, now = rows[0]
+    current = Lsn.parse(current)
     segments = [s for s in archive_segments.discover(archive) if s.thread == miner_state.THREAD] \
         if archive.is_dir() else []
     last = segments[-1] if segments else None
-    return SlotLag(source, pg.slot, True, confirmed, restart, current, pid, lag, held, last,
+    return SlotLag(source, pg.slot, True, _text(slot.confirmed), _text(slot.restart), str(current), slot.active_pid,
+                   _behind(current, slot.confirmed), _behind(current, slot.restart), last,
                    (now - last.next_time).total_seconds() if last else None, state.open_streamed(), state.next_scn,
-                   slot.wal_status if slot else None, gap, tuple(state.gaps))
+                   slot.wal_status, gap, tuple(state.gaps))
+
+
+def _text(lsn: Lsn | None) -> str | None:
+    return None if lsn is None else str(lsn)
+
+
+def _behind(current: Lsn, lsn: Lsn | None) -> int | None:
+    """Bytes of WAL from `lsn` to `current` (pg_wal_lsn_diff)."""
+    return None if lsn is None else current.value - lsn.value
 
 
 def describe_source(config: Config, name: str) -> str:

@@ -102,6 +102,15 @@ def find_gap(slot: str, state: SlotState | None, archive_end: Lsn, database: str
     return None
 
 
+def inspect(cursor, name: str, archive_end: Lsn) -> tuple[SlotState | None, Gap | None]:
+    """The slot `name` on the server `cursor` is connected to, and its gap to an archive
+    that ends at `archive_end`, if any (`info source`, `alter source --accept-gap`)."""
+    state = read_slot(cursor, name)
+    cursor.execute("SELECT current_database()")
+    (database,), = cursor.fetchall()
+    return state, find_gap(name, state, archive_end, database)
+
+
 class SlotLost(TrailboundError):
     """The slot cannot continue the archive: a pull refuses, archiving nothing."""
 
