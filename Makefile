@@ -42,7 +42,7 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
               PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
               AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 
-.PHONY: help install db browser demo demo-live demo-run demo-register test reliability bench env clean distclean airflow dags
+.PHONY: help install db browser demo demo-live demo-run demo-register test reliability bench soak env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
@@ -50,6 +50,7 @@ help:
 	@echo "make test      set up, start a local PostgreSQL, run the whole test suite"
 	@echo "make reliability  run the crash matrix (every crash point x 3 seeds; about 7 minutes)"
 	@echo "make bench     run the benchmarks and write their results under docs/benchmarks/"
+	@echo "make soak      the live pipeline under Airflow's scheduler for 30 minutes, with faults (docs/benchmarks/soak.md)"
 	@echo "make airflow   start airflow standalone (the UI on http://localhost:8080) with the DAGs loaded"
 	@echo "make dags      regenerate dags/ from the configuration file"
 	@echo "make clean     stop and remove the local PostgreSQL and everything under var/"
@@ -131,6 +132,13 @@ demo-register:
 demo-live: $(STAMP) var/airflow/airflow.db
 	$(AIRFLOW_ENV) $(PYTHON) -m trailbound.devtools.livedemo
 
+# The soak (docs/benchmarks/soak.md): the live pipeline run by Airflow's scheduler, triggerer
+# and API server for SOAK_MINUTES while pgbench writes, with kill -9 of tasks and of the
+# scheduler and restarts of both servers; then the target is compared with the source.
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	$(PYTHON) -m trailbound.devtools.soak --minutes $(SOAK_MINUTES) --report docs/benchmarks/soak.md
+
 # The console's UI test drives Debian's headless Chromium and its driver: installed here
 # when missing (as root, non-interactive; elsewhere install them yourself).
 browser:
@@ -164,6 +172,8 @@ airflow: db var/airflow/airflow.db
 clean:
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove $(PG_DIR)
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove var/pg-source
+	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove var/soak/pg-source
+	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove var/soak/pg-target
 	rm -rf var .pytest_cache spark-warehouse
 
 distclean: clean

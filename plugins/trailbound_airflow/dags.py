@@ -62,16 +62,19 @@ def trail_asset(trail: str) -> Asset:
     return Asset(name=f"trail {trail}", uri=f"trailbound://trail/{trail.strip('/')}")
 
 
-def is_live_run(dag_run, data_interval_end: datetime, interval: timedelta, now: datetime) -> bool:
-    """May this run read a live source's slot? A slot has one position, now: only the run
-    of the current interval (its end within one interval of now: a scheduled run, the
-    catch-up=False run after a pause, a manual trigger) pulls. A backfill run, or a past
-    run cleared and run again, does not: its interval is already archived, or will be by
-    the next current run, and its capture reads the archived segments as any run does."""
+def pulls(dag_run, archive_short_of_interval: bool) -> bool:
+    """May this run read a live source's slot? A slot has one position, now: a pull
+    archives everything not archived yet, whichever run does it. A run pulls when the
+    archive does not reach its data interval's end yet (the scheduled run, the catch-up
+    run after a pause, a manual trigger, and the retry of any of them after a failed
+    pull: without its pull, its wait for the archive would wait for a run that cannot
+    start while it runs). A backfill run never pulls (several may run at once, and the
+    slot takes one reader), nor does a run whose interval is archived already (an old
+    run cleared and run again): its capture reads the archived segments as any run does."""
     run_type = getattr(dag_run, "run_type", None)
     if getattr(run_type, "value", run_type) == "backfill":
         return False
-    return now - data_interval_end <= interval
+    return archive_short_of_interval
 
 
 def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: timedelta, start_date: datetime,
@@ -91,18 +94,17 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
             def pull_archive(dag_run=None, data_interval_end=None) -> str:
                 """`trailbound archive pull`: the slot's changes up to the server's WAL
                 position now, into archive segments; then the slot is confirmed. Skipped
-                by backfill runs and past intervals (see is_live_run)."""
-                from datetime import UTC
-
+                by backfill runs and intervals already archived (see `pulls`)."""
                 from airflow.sdk.exceptions import AirflowSkipException
 
-                from trailbound.archive.segments import discover
+                from trailbound.archive.segments import discover, threads_short_of
 
-                if not is_live_run(dag_run, data_interval_end, interval, datetime.now(UTC)):
-                    raise AirflowSkipException(f"not the current interval (ends {data_interval_end}): a pull reads "
-                                               f"the live slot, so only the current run pulls; capture reads what "
-                                               f"is archived")
                 hook = TrailboundHook()
+                if not pulls(dag_run, threads_short_of(discover(hook.config.archive_dir(source)),
+                                                       data_interval_end) != []):
+                    raise AirflowSkipException(f"no pull: the archive already reaches this interval's end "
+                                               f"({data_interval_end}), or this is a backfill run; capture reads "
+                                               f"what is archived and the slot waits for the next run")
                 print(hook.pull_archive(source).describe())
                 # Capture reads whole segments archived by its --until: up to the end of
                 # this pull (later than the interval's end), so that what the run pulled

@@ -26,17 +26,14 @@ class ArchiveCoversIntervalSensor(BaseSensorOperator):
     def poke(self, context) -> bool:
         from datetime import datetime
 
-        from trailbound.archive.segments import discover
+        from trailbound.archive.segments import discover, threads_short_of
 
         hook = TrailboundHook(self.trailbound_conn_id)
         until = datetime.fromisoformat(str(self.until))
-        last = {}
-        for segment in discover(hook.config.archive_dir(self.source)):
-            last[segment.thread] = segment
-        waiting = [t for t, s in sorted(last.items()) if not s.closed and s.next_time < until]
+        waiting = threads_short_of(discover(hook.config.archive_dir(self.source)), until)
         if waiting:
             self.log.info("archive of %s not yet past %s on thread(s) %s", self.source, until, waiting)
-        return bool(last) and not waiting
+        return waiting == []
 
 
 class LongRunningTransactionSensor(BaseSensorOperator):

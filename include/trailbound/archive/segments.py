@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -129,6 +129,18 @@ def discover(archive_dir: Path) -> list[Segment]:
     manifests = [p for p in archive_dir.iterdir() if p.suffix == ".json" and contract.SEGMENT_RE.match(p.name)]
     segments = [read_manifest(p) for p in manifests]
     return sorted(segments, key=lambda s: (s.thread, s.sequence))
+
+
+def threads_short_of(segments: Sequence[Segment], until: datetime) -> list[int] | None:
+    """The redo threads whose archived log does not reach `until` yet (a closed thread
+    counts as reaching everything); None when nothing is archived at all. An empty list:
+    the archive covers everything up to `until`."""
+    last: dict[int, Segment] = {}
+    for segment in segments:
+        last[segment.thread] = segment
+    if not last:
+        return None
+    return [thread for thread, s in sorted(last.items()) if not s.closed and s.next_time < until]
 
 
 # Column types a data file may use: the contract's, plus the integer and timestamp
