@@ -535,6 +535,27 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
     assert (after.write, after.read_scn) == (before.write, before.read_scn)
 
 
+def test_a_run_pulls_while_the_archive_does_not_reach_its_interval_a_backfill_never(tmp_path):
+    """The retry of a pull that failed (a source restart) must pull again, however old its
+    interval has become: found by `make soak`, where the retry skipped its pull and capture
+    waited for an archive only the next run could pull, which could not start."""
+    from types import SimpleNamespace
+
+    from trailbound.archive.segments import discover, threads_short_of
+    from trailbound_airflow.dags import pulls
+
+    long_running_archive(tmp_path, total_hours=3, long_xids=("LONG",), commit_hour=1)
+    segments = discover(tmp_path / "archive")
+    end = max(s.next_time for s in segments)
+    assert threads_short_of(segments, end) == [] and threads_short_of(segments, T0 + timedelta(hours=1)) == []
+    assert threads_short_of(segments, end + timedelta(seconds=1)) == sorted({s.thread for s in segments}) != []
+    assert threads_short_of([], end) is None, "nothing archived yet: every run pulls"
+    scheduled, backfill = SimpleNamespace(run_type="scheduled"), SimpleNamespace(run_type="backfill")
+    assert pulls(scheduled, threads_short_of(segments, end + timedelta(hours=5)) != [])
+    assert not pulls(scheduled, threads_short_of(segments, T0 + timedelta(hours=1)) != [])
+    assert not pulls(backfill, threads_short_of(segments, end + timedelta(hours=5)) != [])
+
+
 @pytest.mark.pg
 @pytest.mark.long_running(120)
 def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_does_not_pull(
