@@ -34,7 +34,13 @@ SPARK_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
 }
-DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(minutes=1), "owner": "trailbound"}
+# Every step is safe to run again (checkpoints make it exactly once), and capture waits on
+# its previous run (depends_on_past): a run that fails for good holds the group until an
+# operator clears it. So a transient fault (a server restarting, a task killed, an
+# execution API that answered late on a loaded host) gets three retries, 30 s, 60 s and
+# 120 s after it, as GoldenGate's AUTORESTART would, before the run fails.
+DEFAULT_ARGS = {"retries": 3, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True,
+                "max_retry_delay": timedelta(minutes=5), "owner": "trailbound"}
 
 
 def callbacks(paths: Sequence[str]) -> list[Callable] | None:
