@@ -5,7 +5,9 @@ file may be split over several chunks, and a chunk may span several files) that 
 a transaction's end (`cut`). Planning finds its transactions, skips those at or below the
 checkpoint's log_csn, groups the rest into target transactions (GROUPTRANSOPS) and splits
 groups into units at each TRUNCATE, and works out each group's checkpoint values (end
-position, log CSN, xids, audit time).
+position, log CSN, xids, audit time). A chunk holds at most `most` records (the
+replicat's chunk_records): a transaction longer than that is cut into pieces (`Piece`),
+each a chunk of its own planned as that one transaction.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@
    file commits, and no error its records led to is reported, before the check has
    passed; a mismatch is the run's error), and cut them into chunks: rba ranges
    ending at a transaction's end, the first GROUPTRANSOPS records, each next one twice
-   the last, up to CHUNK_RECORDS (chunks.cut). Applying starts once the first small chunk
+   the last, up to chunk_records (chunks.cut); a transaction longer than chunk_records
+   comes as pieces of that size, applied one after another inside its one target
+   transaction (`apply_piece`), so memory is bounded by the setting, not by the
+   transaction. Applying starts once the first small chunk
    is prepared. In each chunk, skip transactions at or below log_csn, group whole source
    transactions into target transactions (GROUPTRANSOPS operations at least; a
    transaction with a TRUNCATE starts a new group), and split groups into units at each
@@ -27,7 +30,8 @@
    target refuses stops the run, named by trail file, rba, CSN, table and key.
 
 Crash points (TRAILBOUND_CRASH_AT): mid_copy, before_target_commit, after_target_commit,
-between_groups. Whatever dies where, the next run reads the checkpoint table and skips
+between_groups, between_pieces (a long transaction's target transaction open between two
+of its pieces). Whatever dies where, the next run reads the checkpoint table and skips
 what it holds: nothing is applied twice and nothing is lost.
 """
 
