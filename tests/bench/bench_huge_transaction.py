@@ -89,7 +89,6 @@ class PeakSampler:
             root = psutil.Process(self.pid)
         except psutil.Error:
             return
-        kinds: dict[int, str] = {}
         while True:
             try:
                 processes = [root, *root.children(recursive=True)]
@@ -104,7 +103,8 @@ class PeakSampler:
                         rss = max(rss, hwm or 0)
                 except psutil.Error:
                     continue
-                kind = kinds.setdefault(process.pid, self.kind(process, self.pid))
+                # Asked each time: spark-submit's shell script execs the JVM under its own pid.
+                kind = self.kind(process, self.pid)
                 self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
                 total += process.memory_info().rss if process.is_running() else 0
             self.tree_peak = max(self.tree_peak, total)
