@@ -18,7 +18,8 @@ from trailbound.archive.segments import load_defs
 
 def write_config(tmp_path: Path, *, tables=("shop.*", "hr.*"), megabytes: float = 64, grouptransops: int = 1000,
                  handlecollisions: bool = False, checkpointtable: str | None = None, maps=None,
-                 home: Path | None = None, exttrail: str = "dirdat/lt", apply_parallelism: int | None = None) -> Path:
+                 home: Path | None = None, exttrail: str = "dirdat/lt", apply_parallelism: int | None = None,
+                 chunk_records: int | None = None) -> Path:
     """A configuration with capture EXT1 and replicat REP1 on one trail; `home` (default
     tmp_path) holds the archive and the trail."""
     path = tmp_path / "trailbound.yaml"
@@ -30,6 +31,8 @@ def write_config(tmp_path: Path, *, tables=("shop.*", "hr.*"), megabytes: float 
             f"    handlecollisions: {str(handlecollisions).lower()}\n")
     if apply_parallelism is not None:
         text += f"    apply_parallelism: {apply_parallelism}\n"
+    if chunk_records is not None:
+        text += f"    chunk_records: {chunk_records}\n"
     if checkpointtable:
         text += f"    checkpointtable: {json.dumps(checkpointtable)}\n"
     if maps:

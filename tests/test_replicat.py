@@ -36,7 +36,7 @@ from trailbound.replicat.apply import ApplyError
 from trailbound.replicat.net import Shape, format_line
 from trailbound.replicat.net import arrow as netarrow
 from trailbound.replicat.net.spark import copy_lines, net_changes, net_rows
-from trailbound.replicat.chunks import TrailFile, cut, group_transactions, plan_chunk
+from trailbound.replicat.chunks import Piece, TrailFile, cut, group_transactions, plan_chunk
 from trailbound.replicat.run import run_replicat
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
@@ -109,17 +109,49 @@ def test_a_file_is_cut_into_chunks_at_transaction_ends(parts):
                 merged.append((f.seqno, t.column("rba").to_pylist()))
         return merged
 
-    chunks = [rbas(fs, ts) for fs, ts in cut(files, reader, 3, first=2, most=5)]
+    chunks = [rbas(fs, ts) for fs, ts, piece in cut(files, reader, 3, first=2, most=5) if piece is None]
     # From rba 3 (T2): T2 holds 1 record < 2, with T3 5 >= 2: [3..7]. Then 4: T4 and T5
-    # hold 3 < 4, with T6 8: [8..15]. Then 5 (the most): T7 ends file 7 at 2 records, so
-    # the chunk goes on into file 8 (a file's end ends a chunk only once it is full).
-    assert chunks == [[(7, [3, 4, 5, 6, 7])], [(7, [8, 9, 10, 11, 12, 13, 14, 15])],
-                      [(7, [16, 17]), (8, [0, 1, 2, 3, 4])]]
+    # hold 3 < 4, and with T6 they would hold 8, more than the most (5): [8..10], then T6
+    # [11..15]. Then 5: T7 ends file 7 at 2 records, so the chunk goes on into file 8 (a
+    # file's end ends a chunk only once it is full), up to the most: T8, then T9.
+    assert chunks == [[(7, [3, 4, 5, 6, 7])], [(7, [8, 9, 10])], [(7, [11, 12, 13, 14, 15])],
+                      [(7, [16, 17]), (8, [0, 1])], [(8, [2, 3, 4])]]
     assert read == [7, 8]
-    planned = [plan_chunk(fs, ts, None, grouptransops=100) for fs, ts in cut(files, reader, 3, first=2, most=5)]
+    planned = [plan_chunk(fs, ts, None, grouptransops=100) for fs, ts, _ in cut(files, reader, 3, first=2, most=5)]
     # A chunk's end is the position after its last transaction: the next one starts there.
-    assert [c.end for c in planned] == [TrailPosition(7, 8), TrailPosition(7, 16), TrailPosition(8, 5)]
+    assert [c.end for c in planned] == [TrailPosition(7, 8), TrailPosition(7, 11), TrailPosition(7, 16),
+                                        TrailPosition(8, 2), TrailPosition(8, 5)]
     assert [c.groups[-1].end for c in planned] == [c.end for c in planned]
+
+
+@pytest.mark.parametrize("parts", [None, (3, 9, 13)], ids=["whole file", "row groups"])
+def test_a_transaction_longer_than_a_chunk_comes_in_pieces(parts):
+    """A chunk holds at most `most` records: a transaction longer than that comes as
+    pieces of `most` records, the last ending at its end, each planned as that one
+    transaction, its group ending where the piece does; the chunks around it hold whole
+    transactions. Skipped (at or below log_csn), it counts once, at its last piece."""
+    ins_ = ("INSERT", "shop.orders")
+    table = _trail_table([[ins_] * 2, [ins_] * 12, [ins_]])
+    file = TrailFile(7, "lt000000007", len(table), "")
+
+    def reader(_):
+        if parts is None:
+            return [table]
+        bounds = [0, *parts, len(table)]
+        return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+
+    cuts = list(cut([file], reader, 0, first=2, most=5))
+    assert [(sum((t.column("rba").to_pylist() for t in ts), []), piece) for _, ts, piece in cuts] == [
+        ([0, 1], None), ([2, 3, 4, 5, 6], Piece(0, last=False)), ([7, 8, 9, 10, 11], Piece(1, last=False)),
+        ([12, 13], Piece(2, last=True)), ([14], None)]
+    planned = [plan_chunk(fs, ts, None, grouptransops=100, piece=piece) for fs, ts, piece in cuts]
+    assert [[g.end for g in c.groups] for c in planned] == [
+        [TrailPosition(7, 2)], [TrailPosition(7, 7)], [TrailPosition(7, 12)], [TrailPosition(7, 14)],
+        [TrailPosition(7, 15)]]
+    assert {c.groups[0].log_xid for c in planned[1:4]} == {"T2"}
+    assert [c.groups[0].operations for c in planned[1:4]] == [5, 5, 2]
+    skipped = [plan_chunk(fs, ts, Csn(20, 1, 1, 2), grouptransops=100, piece=piece) for fs, ts, piece in cuts]
+    assert [len(c.groups) for c in skipped] == [0, 0, 0, 0, 1] and [c.skipped for c in skipped] == [1, 0, 0, 1, 0]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -697,7 +729,8 @@ def test_a_file_split_into_chunks_applies_once_across_a_crash_between_them(captu
         first_file = TrailFile(**cur.fetchone())
     records = trail.read_file(first_file.path)
     pieces = cut([first_file], lambda f: [records], 0, first=grouptransops, most=10 * grouptransops)
-    first_chunk = plan_chunk(*next(pieces), None, grouptransops)
+    files, tables, _ = next(pieces)
+    first_chunk = plan_chunk(files, tables, None, grouptransops)
     assert next(pieces, None) is not None, "the first trail file must be split (make it larger)"
     assert len(first_chunk.groups) == 1 and first_chunk.end.seqno == first_file.seqno
     assert 0 < first_chunk.end.rba < first_file.records

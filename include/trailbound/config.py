@@ -242,6 +242,10 @@ class ReplicatConfig(_Section):
     # APPLY_PARALLELISM: target sessions applying insert-only groups at once, committed in
     # trail order (replicat/apply/parallel.py); 1 applies every group on the run's one session.
     apply_parallelism: int = Field(default=2, ge=1, le=16)
+    # The most trail records replicat prepares at once (a chunk; up to three are in memory:
+    # one applied, two prepared ahead). A source transaction longer than this is applied in
+    # pieces of this many records, all inside its one target transaction (docs/replicat.md).
+    chunk_records: int = Field(default=250_000, ge=1)
     checkpointtable: str = "trailbound.ggcheckpoint"  # CHECKPOINTTABLE [schema.]name in the target
 
     @field_validator("exttrail")

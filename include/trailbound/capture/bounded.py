@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from trailbound.capture import checkpoints as ckpt
 from trailbound.crash import crashpoint
-from trailbound.durable import atomic_write, file_sha256
+from trailbound.durable import file_sha256, fsync_directory, temporary_path
 from trailbound.positions import LogPosition, Scn
 
 if TYPE_CHECKING:
@@ -80,6 +80,10 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
     location, scn = str(directory), checkpoint_scn.value
 
     def write(batches):
+        """Each transaction's records streamed into its file as Spark's batches come (a
+        Parquet row group each): a task holds one batch, never a whole transaction."""
+        import os
+
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -87,32 +91,45 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
         schema = pa.schema([("thread", pa.int32()), ("txid", pa.string()), ("path", pa.string()),
                             ("sha256", pa.string()), ("records", pa.int64()), ("last_sequence", pa.int64()),
                             ("last_rba", pa.int64())])
-        pending: list = []
+        current: dict | None = None  # the transaction being written: its key, file, writer, count, last record
 
-        def finish():
-            rows = pa.Table.from_batches(pending).drop_columns(["txid"])
-            thread, txid = pending[0].column("thread")[0].as_py(), pending[0].column("txid")[0].as_py()
+        def start(thread: int, txid: str, columns: pa.Schema) -> dict:
             path = Path(location) / object_name(thread, txid, Scn(scn))
-            atomic_write(path, lambda temporary: pq.write_table(rows, temporary, compression="zstd"))
-            last = rows.slice(len(rows) - 1).to_pylist()[0]
+            temporary = temporary_path(path)
+            return {"key": (thread, txid), "path": path, "temporary": temporary, "records": 0, "last": None,
+                    "writer": pq.ParquetWriter(temporary, columns, compression="zstd")}
+
+        def finish(done: dict):
+            # As durable.atomic_write: the whole file on disk before its name appears.
+            done["writer"].close()
+            with open(done["temporary"], "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(done["temporary"], done["path"])
+            fsync_directory(done["path"].parent)
+            thread, txid = done["key"]
             return pa.RecordBatch.from_pylist([{
-                "thread": thread, "txid": txid, "path": str(path), "sha256": file_sha256(path), "records": len(rows),
-                "last_sequence": last["sequence"], "last_rba": last["rba"]}], schema=schema)
+                "thread": thread, "txid": txid, "path": str(done["path"]), "sha256": file_sha256(done["path"]),
+                "records": done["records"], "last_sequence": done["last"]["sequence"],
+                "last_rba": done["last"]["rba"]}], schema=schema)
 
         for batch in batches:
             threads = batch.column("thread").to_numpy(zero_copy_only=False)
             txids = np.asarray(batch.column("txid").to_pylist(), dtype=object)
             cuts = np.flatnonzero((threads[1:] != threads[:-1]) | (txids[1:] != txids[:-1])) + 1
-            for start, stop in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(batch)]])):
-                piece = batch.slice(start, stop - start)
-                if pending and (threads[start], txids[start]) != (pending[0].column("thread")[0].as_py(),
-                                                                   pending[0].column("txid")[0].as_py()):
-                    yield finish()
+            for first, stop in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(batch)]])):
+                key = (int(threads[first]), str(txids[first]))
+                if current is not None and key != current["key"]:
+                    yield finish(current)
                     crashpoint("mid_br_persist")  # some files of this checkpoint written, not all
-                    pending = []
-                pending.append(piece)
-        if pending:
-            yield finish()
+                    current = None
+                rows = pa.Table.from_batches([batch.slice(first, stop - first)]).drop_columns(["txid"])
+                if current is None:
+                    current = start(*key, rows.schema)
+                current["writer"].write_table(rows)
+                current["records"] += len(rows)
+                current["last"] = rows.slice(len(rows) - 1).to_pylist()[0]
+        if current is not None:
+            yield finish(current)
 
     wanted = spark.createDataFrame(keys, "thread int, txid string")
     tasks = max(1, min(len(keys), 2 * spark.sparkContext.defaultParallelism))

@@ -5,7 +5,9 @@ file may be split over several chunks, and a chunk may span several files) that 
 a transaction's end (`cut`). Planning finds its transactions, skips those at or below the
 checkpoint's log_csn, groups the rest into target transactions (GROUPTRANSOPS) and splits
 groups into units at each TRUNCATE, and works out each group's checkpoint values (end
-position, log CSN, xids, audit time).
+position, log CSN, xids, audit time). A chunk holds at most `most` records (the
+replicat's chunk_records): a transaction longer than that is cut into pieces (`Piece`),
+each a chunk of its own planned as that one transaction.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Chunk:
     unit_of_record: np.ndarray           # each record's unit (meaningful for applied records)
     group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
     net: NetRows | None = None
+    piece: "Piece | None" = None         # part of one long transaction (see `cut`)
     images: "Callable[[], pa.Array] | None" = None   # the after images of `light`, when it lacks them
     _records: pa.Table | None = None
 
@@ -144,47 +147,117 @@ def _transaction_starts(table: pa.Table) -> np.ndarray:
     return np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A chunk that holds part of one source transaction larger than a chunk may be
+    (`cut`'s `most` records): pieces are applied one after another inside the
+    transaction's one target transaction, which commits with the last."""
+
+    number: int   # 0 for the transaction's first piece
+    last: bool    # it ends the transaction
+
+
+class _Pending:
+    """Consecutive records read and not yet handed out as a chunk: (file, slice) pairs,
+    and where transactions start among them (offsets from the first record)."""
+
+    def __init__(self):
+        self.parts: list[tuple[TrailFile, pa.Table]] = []
+        self.starts = np.zeros(0, dtype=np.int64)
+        self.count = 0
+
+    def add(self, file: TrailFile, table: pa.Table) -> None:
+        if len(table):
+            self.parts.append((file, table))
+            self.starts = np.concatenate([self.starts, _transaction_starts(table) + self.count])
+            self.count += len(table)
+
+    def first_start_from(self, offset: int) -> int | None:
+        at = int(np.searchsorted(self.starts, offset))
+        return int(self.starts[at]) if at < len(self.starts) else None
+
+    def last_start_before(self, offset: int) -> int | None:
+        at = int(np.searchsorted(self.starts, offset)) - 1
+        return int(self.starts[at]) if at >= 0 else None
+
+    def take(self, n: int) -> tuple[list[TrailFile], list[pa.Table]]:
+        """The first `n` records, as (files, slices), removed."""
+        files, tables, left = [], [], n
+        while left:
+            file, table = self.parts[0]
+            if len(table) <= left:
+                self.parts.pop(0)
+            else:
+                self.parts[0] = (file, table.slice(left))
+                table = table.slice(0, left)
+            files.append(file)
+            tables.append(table)
+            left -= len(table)
+        self.starts = self.starts[np.searchsorted(self.starts, n):] - n
+        self.count -= n
+        return files, tables
+
+
 def cut(files: list[TrailFile], read: Callable[[TrailFile], Iterable[pa.Table]], start_rba: int, first: int,
-        most: int) -> Iterator[tuple[list[TrailFile], list[pa.Table]]]:
+        most: int) -> Iterator[tuple[list[TrailFile], list[pa.Table], Piece | None]]:
     """The records of `files` from `start_rba` of the first on, as chunks: (files, their
-    records' slices), consecutive, each ending at the first transaction end at which it
-    holds at least its size (or at a file's end: transactions never cross files). The
-    first chunk's size is `first` records, each next one's twice the last, up to `most`:
-    applying starts once the small first chunk is prepared, and each next chunk is
-    prepared while the one before is applied, and is large enough to amortise a chunk's
-    fixed costs. `read` gives a file's records in consecutive parts (its row groups),
-    read only when the chunk that needs them is wanted; a transaction may span parts, so
-    a chunk ends inside a file only where a transaction starts."""
-    size, chunk_files, chunk_tables, count = first, [], [], 0
+    records' slices, None), consecutive, each ending at the first transaction end at
+    which it holds at least its size (or at a file's end: transactions never cross
+    files). The first chunk's size is `first` records, each next one's twice the last,
+    up to `most`: applying starts once the small first chunk is prepared, and each next
+    chunk is prepared while the one before is applied, and is large enough to amortise
+    a chunk's fixed costs. A chunk never holds more than `most` records: a transaction
+    longer than that comes as chunks of its own, its pieces (files, slices, Piece), each
+    `most` records but the last. `read` gives a file's records in consecutive parts (its
+    row groups), read only when the chunk that needs them is wanted; a transaction may
+    span parts, so a chunk ends inside a file only where a transaction starts (or, for
+    a piece, where the piece is full)."""
+    size, pending, piece = min(first, most), _Pending(), None  # piece: the next piece's number
     for index, file in enumerate(files):
         skip = start_rba if index == 0 else 0
         for table in read(file):
             if skip >= len(table):
                 skip -= len(table)
                 continue
-            table, skip = table.slice(skip), 0
-            starts = _transaction_starts(table)
+            pending.add(file, table.slice(skip))
+            skip = 0
             while True:
-                # Cut before the first transaction that starts once the chunk is full (a
-                # chunk that filled up in an earlier part ends at this one's first start).
-                at = int(np.searchsorted(starts, size - count))
-                if at == len(starts):  # the rest of the part belongs to this chunk
-                    chunk_files.append(file)
-                    chunk_tables.append(table)
-                    count += len(table)
-                    break
-                stop = int(starts[at])
-                if stop:
-                    chunk_files.append(file)
-                    chunk_tables.append(table.slice(0, stop))
-                yield chunk_files, chunk_tables
-                size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0
-                table, starts = table.slice(stop), starts[at:] - stop
-        if count >= size:
-            yield chunk_files, chunk_tables
-            size, chunk_files, chunk_tables, count = min(most, 2 * size), [], [], 0
-    if chunk_files:
-        yield chunk_files, chunk_tables
+                if piece is not None:  # inside a long transaction: where does it end?
+                    end = pending.first_start_from(1)
+                    if end is not None and end <= most:
+                        yield *pending.take(end), Piece(piece, last=True)
+                        piece = None
+                    elif pending.count > most:  # more of it follows this piece
+                        yield *pending.take(most), Piece(piece, last=False)
+                        piece += 1
+                    else:
+                        break
+                    continue
+                stop = pending.first_start_from(size)  # the chunk ends before the first start once full
+                if stop is not None and stop <= most:
+                    yield *pending.take(stop), None
+                    size = min(most, 2 * size)
+                    continue
+                if stop is None and pending.count <= most:
+                    break  # not full yet, or the transaction at its end may still end in time
+                # The chunk would hold more than `most`: it ends where the transaction
+                # that makes it too long starts; that transaction, if longer than
+                # `most` itself, comes in pieces.
+                longest = pending.last_start_before(size) or 0
+                if longest:
+                    yield *pending.take(longest), None
+                    size = min(most, 2 * size)
+                else:
+                    yield *pending.take(most), Piece(0, last=False)
+                    piece = 1
+        if piece is not None and pending.count:  # a transaction ends with its file
+            yield *pending.take(pending.count), Piece(piece, last=True)
+            piece = None
+        elif pending.count >= size:
+            yield *pending.take(pending.count), None
+            size = min(most, 2 * size)
+    if pending.count:
+        yield *pending.take(pending.count), None
 
 
 def group_transactions(ops: np.ndarray, skip: np.ndarray, truncates: np.ndarray, ends: np.ndarray,
@@ -213,23 +286,30 @@ def group_transactions(ops: np.ndarray, skip: np.ndarray, truncates: np.ndarray,
 
 
 def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | None, grouptransops: int,
-               images: DeferredImages | None = None) -> Chunk:
+               images: DeferredImages | None = None, piece: Piece | None = None) -> Chunk:
     """Everything about a chunk that needs no Spark: transactions, what is skipped,
     groups, units and each group's checkpoint values. `tables` are the records of
     `files`, whole or in slices (see `cut`, which also starts the first at the start rba),
-    with their after images or, with `images`, without them."""
+    with their after images or, with `images`, without them. A `piece` of a long
+    transaction is planned as that one transaction (its group's end is the piece's)."""
     parts = [table.append_column("seqno", pa.array(np.full(len(table), file.seqno, dtype=np.int64)))
              for file, table in zip(files, tables)]
     records = pa.concat_tables(parts) if parts else pa.table({})  # chunked: no copy of the images
     n = len(records)
     ind = records.column("trans_ind").to_numpy()
     starts = np.flatnonzero((ind == trails.BEGIN) | (ind == trails.WHOLE))
+    if piece is not None and piece.number and n:
+        starts = np.r_[0, starts].astype(np.int64)  # it goes on with the transaction of the piece before
     if n and (not len(starts) or starts[0] != 0):
         raise TrailError(files[0].path, "not the start of a transaction: replicat positions at transaction "
                                                "boundaries (alter replicat ... extrba)",
                          rba=int(records.column("rba")[0].as_py()))
+    if piece is not None and len(starts) != 1:
+        raise TrailError(files[0].path, "internal error: a piece of a transaction holds more than one",
+                         rba=int(records.column("rba")[0].as_py()))
     stops = np.append(starts[1:], n)
-    unfinished = np.flatnonzero(~np.isin(ind[stops - 1], (trails.END, trails.WHOLE)))
+    ended = ind[stops - 1] if piece is None or piece.last else np.full(len(stops), trails.END)
+    unfinished = np.flatnonzero(~np.isin(ended, (trails.END, trails.WHOLE)))
     if len(unfinished):
         at = int(stops[unfinished[0]] - 1)
         seqno = int(records.column("seqno")[at].as_py())
@@ -298,5 +378,8 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
                 log_csn=last_csns[g], log_xid=last_xids[g], cmplt_xids=cmplt[cmplt_cuts[g]:cmplt_cuts[g + 1]],
                 audit_ts=last_ts[g], log_bsn=bsn_values[g], operations=operations[g]))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
-    return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn,
-                 images=images.of(records) if images is not None and "after" not in records.schema.names else None)
+    # A transaction in pieces counts as skipped once, at its last.
+    skipped = int(skip.sum()) if piece is None or piece.last else 0
+    return Chunk(files, records, starts, groups, skipped, end, unit_of_record, group_of_txn,
+                 images=images.of(records) if images is not None and "after" not in records.schema.names else None,
+                 piece=piece)

@@ -8,7 +8,10 @@
    file commits, and no error its records led to is reported, before the check has
    passed; a mismatch is the run's error), and cut them into chunks: rba ranges
    ending at a transaction's end, the first GROUPTRANSOPS records, each next one twice
-   the last, up to CHUNK_RECORDS (chunks.cut). Applying starts once the first small chunk
+   the last, up to chunk_records (chunks.cut); a transaction longer than chunk_records
+   comes as pieces of that size, applied one after another inside its one target
+   transaction (`apply_piece`), so memory is bounded by the setting, not by the
+   transaction. Applying starts once the first small chunk
    is prepared. In each chunk, skip transactions at or below log_csn, group whole source
    transactions into target transactions (GROUPTRANSOPS operations at least; a
    transaction with a TRUNCATE starts a new group), and split groups into units at each
@@ -27,7 +30,8 @@
    target refuses stops the run, named by trail file, rba, CSN, table and key.
 
 Crash points (TRAILBOUND_CRASH_AT): mid_copy, before_target_commit, after_target_commit,
-between_groups. Whatever dies where, the next run reads the checkpoint table and skips
+between_groups, between_pieces (a long transaction's target transaction open between two
+of its pieces). Whatever dies where, the next run reads the checkpoint table and skips
 what it holds: nothing is applied twice and nothing is lost.
 """
 
@@ -71,8 +75,7 @@ from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
 log = logging.getLogger("trailbound.replicat")
-CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups")
-CHUNK_RECORDS = 250_000  # the most records in a chunk (the first holds GROUPTRANSOPS)
+CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups", "between_pieces")
 # Chunks prepared ahead of the one being applied: two while they are small (the first
 # ones apply faster than the next row group decodes), one from a chunk of half the most
 # on (it takes longer to apply than the next to prepare; a third would only hold memory).
@@ -205,6 +208,8 @@ class RunResult:
     replayed_groups: int = 0
     parallel_groups: int = 0    # applied on a parallel lane (apply/parallel.py)
     collisions: int = 0
+    pieced: int = 0             # transactions longer than chunk_records, applied in pieces
+    pieces: int = 0
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -222,6 +227,9 @@ class RunResult:
             text += f"; {self.replayed_groups} group(s) replayed transaction by transaction"
         if self.collisions:
             text += f"; {self.collisions} collision(s) handled (HANDLECOLLISIONS)"
+        if self.pieced:
+            text += (f"; {self.pieced} transaction(s) longer than chunk_records applied in {self.pieces} pieces, "
+                     "each transaction in one target transaction")
         return text
 
 
@@ -246,6 +254,8 @@ class _Run:
                                                                                result, timer)
         replicat = config.replicat(state.group)
         self.grouptransops, self.handlecollisions = replicat.grouptransops, replicat.handlecollisions
+        self.chunk_records = replicat.chunk_records  # the most records prepared at once; a longer
+        # transaction is applied in pieces of this size (chunks.cut), inside one target transaction
         self.table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
         self.overflow = overflow  # whether the checkpoint row's _lox rows may exist
         self.fast = FastApplier(connection, plans)
@@ -272,10 +282,10 @@ class _Run:
         before it are applied."""
         log_csn = self.checkpoint.log_csn
         # Advanced only by the worker thread, one chunk at a time (it reads the files).
-        pieces = cut(files, self._read, start_rba, first=self.grouptransops, most=CHUNK_RECORDS)
+        cuts = cut(files, self._read, start_rba, first=self.grouptransops, most=self.chunk_records)
         numbers = itertools.count()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicat-prepare") as pool:
-            pending = deque(pool.submit(self._prepare, next(numbers), pieces, log_csn) for _ in range(CHUNKS_AHEAD))
+            pending = deque(pool.submit(self._prepare, next(numbers), cuts, log_csn) for _ in range(CHUNKS_AHEAD))
             if self.parallel is not None:
                 self.parallel.open_ahead()
             while True:
@@ -290,9 +300,9 @@ class _Run:
                 self.timer.add("apply: waiting for the next chunk", time.perf_counter() - waited)
                 if chunk is None:
                     return
-                ahead = CHUNKS_AHEAD if len(chunk.light) < CHUNK_RECORDS // 2 else 1
+                ahead = CHUNKS_AHEAD if len(chunk.light) < self.chunk_records // 2 else 1
                 while len(pending) < ahead:
-                    pending.append(pool.submit(self._prepare, next(numbers), pieces, log_csn))
+                    pending.append(pool.submit(self._prepare, next(numbers), cuts, log_csn))
                 try:
                     yield chunk
                 except GeneratorExit:
@@ -314,14 +324,14 @@ class _Run:
             self.images.add(file.seqno, part, decode, now=arrow.needs_images(part, self.plans))
             yield part
 
-    def _prepare(self, number: int, pieces, log_csn: Csn | None) -> Chunk | None:
-        """The next chunk of `pieces` planned and netted; None after the last."""
-        piece = next(pieces, None)
-        if piece is None:
+    def _prepare(self, number: int, cuts, log_csn: Csn | None) -> Chunk | None:
+        """The next chunk of `cuts` planned and netted; None after the last."""
+        following = next(cuts, None)
+        if following is None:
             return None
-        files, tables = piece
+        files, tables, piece = following
         began = time.perf_counter()
-        chunk = plan_chunk(files, tables, log_csn, self.grouptransops, self.images)
+        chunk = plan_chunk(files, tables, log_csn, self.grouptransops, self.images, piece)
         planned = time.perf_counter()
         from trailbound.replicat.net.compute import compute_net  # not for a run with nothing new
 
@@ -332,6 +342,11 @@ class _Run:
     # -- applying
 
     def apply_chunk(self, chunk: Chunk) -> None:
+        if chunk.piece is not None and chunk.groups:
+            self.apply_piece(chunk)
+            return
+        if chunk.piece is not None and not chunk.piece.last:
+            return  # a piece of a transaction applied before: the position moves past it at its last piece
         if chunk.net is not None:
             self.fast.prepare(chunk.net.tables())
             self.fast.stage(chunk.net.staged)
@@ -385,6 +400,85 @@ class _Run:
         committed = time.perf_counter()
         crashpoint("after_target_commit")
         self.group_committed(group, statements=copied - began, committing=committed - copied)
+
+    def apply_piece(self, chunk: Chunk) -> None:
+        """A piece of a transaction longer than chunk_records, inside the transaction's one
+        target transaction: the first piece opens it, the last writes the checkpoint row
+        and commits (the crash points before_target_commit and after there mean what they
+        do for a group); between pieces it stays open (between_pieces), and a crash or
+        error anywhere leaves nothing of the transaction on the target. A piece the fast
+        path cannot apply is rolled back to its savepoint and replayed record by record."""
+        piece, group = chunk.piece, chunk.groups[0]
+        if piece.number == 0:
+            self.settle()  # whatever went to parallel lanes commits before this transaction starts
+        began = time.perf_counter()
+        try:
+            if chunk.net is not None:
+                self.fast.prepare(chunk.net.tables())
+                # Staged inside the open transaction past the first piece (a commit
+                # would commit the pieces before it).
+                self.fast.stage(chunk.net.staged, commit=piece.number == 0)
+            with self.connection.cursor() as cur:
+                cur.execute("SAVEPOINT tb_piece")
+                try:
+                    self.apply_units(cur, self.fast, chunk, group)
+                except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
+                    cur.execute("ROLLBACK TO SAVEPOINT tb_piece")
+                    self.replay_piece(cur, chunk, reason=exc)
+                self.windows.apply(cur, chunk, group.txns)
+                copied = time.perf_counter()
+                if not piece.last:
+                    cur.execute("RELEASE SAVEPOINT tb_piece")
+                    self.result.operations += group.operations
+                    self.timer.add("apply: COPY and merge", copied - began)
+                    crashpoint("between_pieces")
+                    return
+                self._write_checkpoint_row(cur, group.end, **_row_values(group))
+                crashpoint("before_target_commit")
+            self.connection.commit()
+            self.fast.committed()
+        except psycopg2.Error as exc:  # not the data (see apply_group)
+            self._rollback_quietly()
+            self.fast.rolled_back()
+            self.flush()
+            raise self.target_error(chunk, group, exc) from None
+        except BaseException as exc:
+            self._rollback_quietly()
+            self.fast.rolled_back()
+            if isinstance(exc, TrailboundError):
+                self.flush()  # what did commit is recorded before the run stops
+            raise
+        committed = time.perf_counter()
+        crashpoint("after_target_commit")
+        self.group_committed(group, statements=copied - began, committing=committed - copied)
+        self.result.pieced += 1
+        self.result.pieces += piece.number + 1
+        self.flush()
+
+    def replay_piece(self, cur, chunk: Chunk, reason: Exception) -> None:
+        """A piece's records one statement each, inside the open transaction (the pieces
+        before it stay applied: replaying them would give the same rows). A record the
+        target refuses rolls back the whole transaction and stops the run, named."""
+        self.verified(chunk.groups[0].end)  # before a record of it is applied, or named in an error
+        began = time.perf_counter()
+        self.result.replayed_groups += 1
+        log.warning("replicat %s: piece %d of the transaction ending at or after seqno %s rba %s (CSN %s) is "
+                    "replayed record by record: %s", self.state.group, chunk.piece.number, chunk.end.seqno,
+                    chunk.end.rba, chunk.groups[0].log_csn,
+                    str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__)
+        stats, record = ReplayStats(), None
+        try:
+            for record in chunk.transaction(0):
+                self.replayer.apply(cur, record, stats)
+        except (psycopg2.Error, TrailboundError) as exc:
+            if record is None or self.connection.closed:
+                raise
+            message = " ".join(((exc.pgerror or str(exc)) if isinstance(exc, psycopg2.Error) else str(exc)).split())
+            raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
+                             record["op"], record["table"], record_key(self.plans.get(record["table"]), record),
+                             message) from None
+        self.result.collisions += stats.collisions
+        self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
 
     def apply_units(self, cur, fast: FastApplier, chunk: Chunk, group: Group) -> None:
         """The group's net rows, unit by unit, on `fast`'s session (inside its transaction)."""

@@ -230,6 +230,7 @@ class FastApplier:
         self._staging: dict[str, _Staging] = {}
         self._sql: dict[str, _Statements] = {}
         self._created: set[str] = set()  # tables whose staging tables exist in this session
+        self._uncommitted: set[str] = set()  # of those, created in the open transaction
         self._dirty: set[str] = set()    # staging tables that may hold rows
 
     def prepare(self, tables) -> None:
@@ -241,10 +242,12 @@ class FastApplier:
                 self._staging[table] = staging
                 self._sql[table] = _Statements.of(staging, self.connection)
 
-    def stage(self, staged: dict[str, memoryview]) -> None:
+    def stage(self, staged: dict[str, memoryview], *, commit: bool = True) -> None:
         """Load a chunk's staged rows (COPY text, each line led by its unit), table by
         table, replacing the previous chunk's; committed (so is a staging table created
-        here: a rolled-back group must not take it with it)."""
+        here: a rolled-back group must not take it with it). Without `commit` (a piece
+        of a long transaction after its first), inside the open target transaction: if
+        that rolls back, `rolled_back` must be called."""
         with self.connection.cursor() as cur:
             for table in self._dirty:  # units are numbered per chunk: no stale row may match one
                 cur.execute(self._sql[table].clear)
@@ -253,9 +256,24 @@ class FastApplier:
                 if table not in self._created:
                     cur.execute(self._staging[table].ddl())
                     self._created.add(table)
+                    self._uncommitted.add(table)
                 _copy(cur, self._sql[table].copy_stage, payload)
                 cur.execute(self._sql[table].analyze)
-        self.connection.commit()
+        if commit:
+            self.connection.commit()
+            self._uncommitted.clear()
+
+    def committed(self) -> None:
+        """After the commit of a transaction `stage` staged in without committing."""
+        self._uncommitted.clear()
+
+    def rolled_back(self) -> None:
+        """After a rollback of a transaction `stage` staged in without committing: the
+        staging tables it created are gone, and the others hold what they held before
+        (their clearing rolled back too)."""
+        self._created -= self._uncommitted
+        self._uncommitted.clear()
+        self._dirty = set(self._created)
 
     def truncate(self, cur, table: str) -> None:
         plan = self.plans.get(table)

@@ -8,9 +8,9 @@ they take ~25 us each, in the thread that prepares the next chunk while one is a
 Measured (bench_replicat.py --work keychange, 300,000 changes, docs/benchmarks/
 replicat.md): 7.1 s in Python against 17.9 s on an already warm local Spark. Replicat
 hands Spark (spark.py) only a chunk with more of them than `LIMIT` (net.backend_for): a
-full chunk (run.CHUNK_RECORDS, 250,000, and the rest of the transaction it ends in) is
-netted here; a bigger one holds a transaction of hundreds of thousands of records, which
-Spark nets without holding them as Python objects in the driver.
+full chunk (the replicat's chunk_records, 250,000 by default; a longer transaction comes
+in pieces of that size) is netted here; a bigger one (a larger chunk_records) is left to
+Spark, which nets it without holding it as Python objects in the driver.
 
 Values are the images' JSON values as text, as Spark's `from_json` into string fields
 gives them: strings as they are, integers and floats in the image's own spelling,

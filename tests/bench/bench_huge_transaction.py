@@ -1,0 +1,367 @@
+"""A huge transaction: peak memory of every process, and wall time per stage, for one
+source transaction of N row changes, before and after (issue 42, item 4).
+
+    PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py \
+        --rows 1500000 3000000 --engines before=var/bench/engine-a347c2b/include after=include
+
+Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (`export $(.venv/bin/python -m
+trailbound.devtools.localpg env var/pg)`); uses databases `trailbound_bench_huge_meta` and
+`..._target`, dropped and created afresh. An engine is an `include` directory: make the
+one before with `git archive a347c2b include | tar -x -C var/bench/engine-a347c2b`.
+
+Replicat: the target is preloaded (untimed) with N rows of shop.orders; the trail holds
+ONE transaction of N UPDATEs of them (the shape of the independent run of 2026-11-26: a
+1.5M-row UPDATE), written directly with trail.TrailWriter and committed in
+trailbound.trail_file as capture would. `trailbound replicat run` runs as a child process
+with the engine under test on PYTHONPATH and its default settings; the peak RSS of it and
+of every process under it (a JVM, Python workers: none for a local trail) is sampled from
+/proc every 0.2 s (psutil; VmHWM for the replicat process itself, exact). Both engines
+must leave the same target (one MD5 over the table).
+
+Capture (`--capture`): an archive segment holding ONE transaction of N INSERTs, captured
+by `trailbound extract run` (a child process: the driver, its JVM and the Python workers
+Spark starts, each sampled), wall time and peak RSS per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psutil
+import psycopg2
+import pyarrow as pa
+from psycopg2 import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchdb import fresh_database  # noqa: E402
+from results import write_report  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "benchmarks" / "huge-transaction.md"
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+BATCH = 100_000
+
+
+# ---------------------------------------------------------------- peak memory of a process tree
+
+class PeakSampler:
+    """Samples the RSS of a process and all its descendants until it ends: the peak of
+    each, keyed by what it is (the root's own VmHWM, read at its last sample, is exact;
+    the others are sampled peaks)."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        self.pid, self.interval = pid, interval
+        self.peaks: dict[str, int] = {}
+        self.tree_peak = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def kind(process: psutil.Process, root: int) -> str:
+        """What a process is, by its executable's name (a command line may name python
+        paths in a JVM's classpath, or a JVM in a shell script's arguments)."""
+        if process.pid == root:
+            return "driver (python)"
+        try:
+            name, text = process.name(), " ".join(process.cmdline())
+        except psutil.Error:
+            return f"pid {process.pid}"
+        if name == "java":
+            return "JVM"
+        if name.startswith("python"):
+            return ("Python worker (pyspark daemon and forks, each)" if "pyspark" in text
+                    else "other Python")
+        return name
+
+    def _run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while True:
+            try:
+                processes = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            total = 0
+            for process in processes:
+                try:
+                    rss = process.memory_info().rss
+                    if process.pid == self.pid:
+                        hwm = _vmhwm(process.pid)
+                        rss = max(rss, hwm or 0)
+                except psutil.Error:
+                    continue
+                # Asked each time: spark-submit's shell script execs the JVM under its own pid.
+                kind = self.kind(process, self.pid)
+                self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
+                total += process.memory_info().rss if process.is_running() else 0
+            self.tree_peak = max(self.tree_peak, total)
+            if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
+                return
+            time.sleep(self.interval)
+
+    def join(self) -> None:
+        self._thread.join(timeout=10)
+
+
+def _vmhwm(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def run_measured(command: list[str], env: dict) -> tuple[float, dict[str, int], int, str, str]:
+    """Run `command`; its wall time, peak RSS per kind of process, the tree's peak, output."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = PeakSampler(process.pid)
+    out, err = process.communicate()
+    seconds = time.perf_counter() - started
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command[-4:])} failed ({process.returncode}):\n{err[-3000:]}")
+    return seconds, sampler.peaks, sampler.tree_peak, out, err
+
+
+def mb(value: int) -> str:
+    return f"{value / 2**20:,.0f} MB"
+
+
+# ---------------------------------------------------------------- replicat: one UPDATE transaction of N rows
+
+def write_update_trail(rows: int, prefix: Path) -> list:
+    """ONE transaction of `rows` UPDATEs of shop.orders ids 1..rows, as trail files."""
+    from trailbound.positions import Scn
+    from trailbound.trail import format as trail
+
+    writer = trail.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=Scn(1))
+    names = [name for name in trail.COLUMNS if name != "copy_line"]
+    schema = pa.schema([trail.SCHEMA.field(name) for name in names])
+    statuses = ("paid", "packed", "shipped")
+    for start in range(1, rows + 1, BATCH):
+        ids = range(start, min(rows, start + BATCH - 1) + 1)
+        n = len(ids)
+        ind = [1] * n
+        if start == 1:
+            ind[0] = 0
+        if ids[-1] == rows:
+            ind[-1] = 2 if rows > 1 else 3
+        columns = {
+            "rba": [0] * n, "trans_ind": ind, "csn": [10] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n,
+            "csn_rba": [1] * n, "xid": ["X1"] * n, "commit_ts": [T0] * n, "op": ["UPDATE"] * n,
+            "table": ["shop.orders"] * n, "before": [f'{{"id":{i}}}' for i in ids],
+            "after": [f'{{"id":{i},"status":"{statuses[i % 3]}"}}' for i in ids],
+            "src_thread": [1] * n, "src_sequence": [1] * n, "src_rba": list(ids), "src_scn": [9] * n,
+            "log_bsn": [1] * n}
+        writer.add(pa.RecordBatch.from_pydict(columns, schema=schema))
+    return writer.close()
+
+
+def preload_orders(target_dsn: str, defs, rows: int) -> None:
+    """shop.orders ids 1..rows, untimed, through COPY in batches."""
+    columns = [c.name for c in defs["shop.orders"].columns]
+    values = {"customer_id": "7", "status": "new", "total": "12.50", "ordered_at": "2026-11-01 00:00:00+00",
+              "ship_date": "\\N", "items": "{1,2}", "meta": "\\N"}
+    connection = psycopg2.connect(target_dsn)
+    with connection.cursor() as cur:
+        statement = sql.SQL("COPY shop.orders FROM STDIN").as_string(cur)
+        for start in range(1, rows + 1, BATCH):
+            text = "".join("\t".join(str(i) if c == "id" else values[c] for c in columns) + "\n"
+                           for i in range(start, min(rows, start + BATCH - 1) + 1))
+            cur.copy_expert(statement, io.BytesIO(text.encode()))
+        cur.execute("ANALYZE shop.orders")
+    connection.commit()
+    connection.close()
+
+
+def orders_digest(target_dsn: str) -> tuple[int, str]:
+    connection = psycopg2.connect(target_dsn)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*), md5(string_agg(t::text, E'\\n' ORDER BY id)) FROM shop.orders t")
+        count, digest = cur.fetchone()
+    connection.close()
+    return count, digest
+
+
+def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, servers) -> list[dict]:
+    from trailbound.metadata import MetadataStore
+    from trailbound.replicat import target as tgt
+    from trailbound.config import MapRule
+
+    home = work / f"replicat-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    prefix = home / "dirdat" / "lt"
+    began = time.perf_counter()
+    files = write_update_trail(rows, prefix)
+    print(f"replicat {rows:,}: trail of one transaction written in {time.perf_counter() - began:.1f} s "
+          f"({len(files)} file(s), {sum(f.bytes for f in files) / 2**20:.0f} MB)", flush=True)
+    (home / "trailbound.yaml").write_text(
+        f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: {work / 'archive'}\nreplicats:\n  REP1:\n"
+        f"    exttrail: dirdat/lt\n    source: BENCH\n    map:\n      - {{source: shop.orders, target: shop.orders}}\n")
+    results = []
+    for name, include in engines.items():
+        meta_dsn = fresh_database(servers[0], "trailbound_bench_huge_meta")
+        target_dsn = fresh_database(servers[1], "trailbound_bench_huge_target")
+        with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+            tgt.create_tables(cur, {"shop.orders": defs["shop.orders"]},
+                              [MapRule(source="shop.orders", target="shop.orders")])
+        connection.close()
+        preload_orders(target_dsn, defs, rows)
+        with MetadataStore.open(meta_dsn) as store, store.transaction() as cur:
+            for f in files:
+                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
+                            " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
+                            (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
+                             str(f.last_csn), f.log_bsn.value))
+        env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
+               "TRAILBOUND_TARGET_DSN": target_dsn}
+        seconds, peaks, tree, out, _ = run_measured(
+            [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "replicat", "run",
+             "REP1"], env)
+        count, digest = orders_digest(target_dsn)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"  {name}: {seconds:.1f} s, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
+              f"    {line}\n    target: {count:,} rows, md5 {digest}", flush=True)
+        results.append({"stage": "replicat", "rows": rows, "engine": name, "seconds": seconds, "peaks": peaks,
+                        "tree": tree, "said": line, "digest": digest, "count": count})
+    digests = {r["digest"] for r in results}
+    assert len(digests) == 1, f"the engines left different targets: {digests}"
+    shutil.rmtree(home / "dirdat", ignore_errors=True)
+    return results
+
+
+# ---------------------------------------------------------------- capture: one INSERT transaction of N rows
+
+def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -> None:
+    """Archive segments of thread 1 holding ONE transaction of `rows` INSERTs into
+    shop.orders (spanning the segments, `per_segment` records each) and its COMMIT."""
+    from trailbound.archive.writer import to_micros, write_segment_columns
+    from trailbound.positions import Scn
+
+    scn = 1
+    for sequence, start in enumerate(range(1, rows + 2, per_segment), start=1):
+        ids = list(range(start, min(rows + 1, start + per_segment - 1) + 1))  # rows + 1: the COMMIT
+        first_scn = scn
+        columns = {"scn": [], "ts": [], "xid": [], "parent_xid": [], "op": [], "table": [], "before": [], "after": []}
+        for i in ids:
+            commit = i == rows + 1
+            columns["scn"].append(scn)
+            columns["ts"].append(to_micros(T0 + timedelta(microseconds=scn)))
+            columns["xid"].append("X1")
+            columns["parent_xid"].append(None)
+            columns["op"].append("COMMIT" if commit else "INSERT")
+            columns["table"].append(None if commit else "shop.orders")
+            columns["before"].append(None)
+            columns["after"].append(None if commit else
+                                    f'{{"id":{i},"customer_id":7,"status":"new","total":"12.50"}}')
+            scn += 1
+        write_segment_columns(archive, thread=1, sequence=sequence, columns=columns, first_scn=Scn(first_scn),
+                              next_scn=Scn(scn), first_time=T0 + timedelta(microseconds=first_scn),
+                              next_time=T0 + timedelta(microseconds=scn), fmt="parquet")
+
+
+def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> list[dict]:
+    home = work / f"capture-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    from trailbound.archive.writer import write_defs
+    from trailbound.sources.simulator import source_tables
+
+    write_defs(home / "archive", [t.definition() for t in source_tables()])
+    write_insert_archive(rows, home / "archive")
+    (home / "trailbound.yaml").write_text(
+        f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: archive\nextracts:\n  EXT1:\n    source: BENCH\n"
+        f"    exttrail: dirdat/lt\n    table: [\"shop.orders\"]\n")
+    results = []
+    for name, include in engines.items():
+        shutil.rmtree(home / "dirdat", ignore_errors=True)
+        meta_dsn = fresh_database(servers[0], "trailbound_bench_huge_meta")
+        env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn}
+        seconds, peaks, tree, out, _ = run_measured(
+            [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "extract", "run",
+             "EXT1"], env)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"  capture {name}: {seconds:.1f} s, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
+              f"    {line}", flush=True)
+        results.append({"stage": "capture", "rows": rows, "engine": name, "seconds": seconds, "peaks": peaks,
+                        "tree": tree, "said": line})
+    return results
+
+
+# ---------------------------------------------------------------- the report
+
+def report(results: list[dict], command: str) -> str:
+    kinds = sorted({k for r in results for k in r["peaks"]})
+    lines = [
+        "# A huge transaction: peak memory per process and wall time",
+        "",
+        f"Generated by `tests/bench/bench_huge_transaction.py` on {platform.node()} "
+        f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end), "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC:",
+        "",
+        f"    {command}",
+        "",
+        "| stage | row changes in the one transaction | engine | wall time | " + " | ".join(kinds)
+        + " | whole tree (sampled) |",
+        "| --- | ---: | --- | ---: | " + " | ".join("---:" for _ in kinds) + " | ---: |",
+    ]
+    for r in results:
+        lines.append(f"| {r['stage']} | {r['rows']:,} | {r['engine']} | {r['seconds']:.1f} s | "
+                     + " | ".join(mb(r["peaks"][k]) if k in r["peaks"] else "-" for k in kinds)
+                     + f" | {mb(r['tree'])} |")
+    lines += ["", "What each run printed:", ""]
+    lines += [f"- {r['stage']} {r['rows']:,} {r['engine']}: `{r['said']}`" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
+    parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
+                        help="NAME=INCLUDE_DIR, each run in turn on the same trail")
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture"])
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    engines = {name: Path(path).resolve() for name, path in (e.split("=", 1) for e in args.engines)}
+
+    from trailbound.archive.segments import load_defs
+    from trailbound.archive.writer import write_defs
+    from trailbound.metadata import dsn_from_env
+    from trailbound.sources.simulator import source_tables
+
+    work = REPO / "var" / "bench" / "huge"
+    write_defs(work / "archive", [t.definition() for t in source_tables()])
+    defs = load_defs(work / "archive")
+    servers = (dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN"))
+    results = []
+    for rows in args.rows:
+        if "replicat" in args.stages:
+            results += bench_replicat(rows, engines, work, defs, servers)
+        if "capture" in args.stages:
+            results += bench_capture(rows, engines, work, servers)
+    command = "PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py " + " ".join(sys.argv[1:])
+    text = report(results, command)
+    print(text)
+    (work / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    if not args.no_write:
+        write_report(RESULTS, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
