@@ -27,6 +27,7 @@ last segment's next_scn.
 from __future__ import annotations
 
 import bisect
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +46,7 @@ from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import rowjson
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import ZERO, Lsn
-from trailbound.sources.postgres.reader import Received, SlotReader
+from trailbound.sources.postgres.reader import ROWS_PREFIX, Received, SlotReader
 from trailbound.sources.postgres.rowjson import RowJson
 from trailbound.sources.postgres.values import converter
 
@@ -132,6 +133,7 @@ class PullResult:
     confirmed: Lsn | None = None
     open_streamed: int = 0
     new_versions: list[str] = field(default_factory=list)
+    published: list[str] = field(default_factory=list)   # tables that entered the publication in this pull
 
     def describe(self) -> str:
         written = (f"segments {self.segments[0]}..{self.segments[-1]}" if len(self.segments) > 1 else
@@ -141,6 +143,7 @@ class PullResult:
                 f"{self.rollbacks} rollback(s) ({self.resent} re-sent message(s) skipped); {written}; "
                 f"next_scn {self.next_scn.scn} ({self.next_scn}); {confirmed}; "
                 f"{self.open_streamed} streamed transaction(s) open"
+                + (f"; published {', '.join(self.published)}" if self.published else "")
                 + (f"; new table version(s): {', '.join(self.new_versions)}" if self.new_versions else ""))
 
 
@@ -206,7 +209,9 @@ class Miner:
             self._relation(message, received.lsn if received.lsn != ZERO else Lsn(self.last_lsn))
         elif isinstance(message, d.Truncate):
             self._change(message, received)
-        # Type, Origin and logical Message carry nothing the archive holds.
+        elif isinstance(message, d.Message) and message.prefix == ROWS_PREFIX and message.flags & 1:
+            self._rows_of_a_new_table(message, received)
+        # Type, Origin and any other logical Message carry nothing the archive holds.
         self._cut_if_full()
 
     def handle_raw(self, lsn: int, sent: datetime, data: bytes, decoding: d.Decoder) -> None:
@@ -270,13 +275,43 @@ class Miner:
                         Column(name, kind, not catalog.get(name, (False, None))[0],
                                None if name in known else catalog.get(name, (False, None))[1])
                         for name, kind in relation.sent)
+        self._new_version(relation.name, columns, key, lsn)
+
+    def _new_version(self, name: str, columns: tuple[Column, ...], key: tuple[str, ...], lsn: int) -> None:
         # Above every scn archived so far: a record of the old version never shares its scn.
         scn = max(lsn, self.floor + 1)
         self.floor = scn
-        self.defs[relation.name] = (table.with_version(columns, key, scn) if table is not None else
-                                    TableDef(relation.name, columns, key, (_first_version(columns, key, scn),)))
+        table = self.defs.get(name)
+        self.defs[name] = (table.with_version(columns, key, scn) if table is not None else
+                           TableDef(name, columns, key, (_first_version(columns, key, scn),)))
         self.defs_changed = True
-        self.new_versions.append(f"{relation.name} v{self.defs[relation.name].latest.version}")
+        self.new_versions.append(f"{name} v{self.defs[name].latest.version}")
+
+    def _rows_of_a_new_table(self, message: d.Message, received: Received) -> None:
+        """A table entering the publication (admin.widen_scope): its definition, and its
+        rows as they were when it was published, archived as inserts of the transaction
+        that published it, the first of them under the table's new version."""
+        document = json.loads(message.content)
+        definition = document["table"]
+        name = definition["name"]
+        columns = tuple(Column(c["name"], c["type"], bool(c["nullable"])) for c in definition["columns"])
+        key = tuple(definition["key"])
+        lsn = received.lsn.value
+        first = True
+        for row in document["rows"] or [None]:
+            admitted = self._admit(lsn, received.sent)
+            if admitted is None:
+                continue
+            table = self.defs.get(name)
+            if first and (table is None or (table.columns, table.key) != (columns, key)):
+                self._new_version(name, columns, key, lsn)
+            first = False
+            if row is None:  # an empty table: its version alone
+                continue
+            txn, ts = admitted
+            xid, parent = self._account(txn, lsn, None)
+            self._emit(lsn, ts, xid, parent, "INSERT", name, None, encode_json(row))
+            self.result.changes += 1
 
     def _change(self, message, received: Received) -> None:
         lsn = received.lsn.value
