@@ -303,7 +303,10 @@ def widens(old: str, new: str) -> bool:
 
 def first_change(records: pa.Table, versions: Versions) -> int | None:
     """The index of the first record (of `records`, trail records with `table` and
-    `table_version`) of a mapped table whose version is not the one planned; None."""
+    `table_version`) of a mapped table of a later version than the one planned; None.
+    (An earlier version's record can follow only inside the transaction that changed the
+    table, the source's locks see to that: it is applied under the later version, its
+    image naming its own columns.)"""
     if not len(records):
         return None
     names = records.column("table").combine_chunks().dictionary_encode()
@@ -315,20 +318,21 @@ def first_change(records: pa.Table, versions: Versions) -> int | None:
             continue
         rows = np.flatnonzero(codes == code)
         wanted = versions.expected.get(name)
-        other = rows if wanted is None else rows[numbers[rows] != wanted]
+        other = rows if wanted is None else rows[numbers[rows] > wanted]
         if len(other) and (first is None or int(other[0]) < first):
             first = int(other[0])
     return first
 
 
 def changed_at(records: pa.Table, start: int, stop: int, versions: Versions) -> dict[str, int]:
-    """The versions the fence's transaction (records start..stop) moves its tables to."""
+    """The versions the fence's transaction (records start..stop) moves its tables to:
+    the last of each table's in it."""
     part = records.slice(start, stop - start)
-    changed = {}
+    changed: dict[str, int] = {}
     for name, number in zip(part.column("table").to_pylist(), part.column("table_version").to_pylist()):
-        if name is not None and versions.mapped(name) and name not in changed and \
-                (number or 1) != versions.expected.get(name):
-            changed[name] = number or 1
+        number = number or 1
+        if name is not None and versions.mapped(name) and number > versions.expected.get(name, 0):
+            changed[name] = max(changed.get(name, 0), number)
     return changed
 
 
