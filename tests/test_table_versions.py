@@ -3,7 +3,6 @@ numbered by its src_scn, which type changes replicat counts as widening."""
 
 from __future__ import annotations
 
-
 import pyarrow as pa
 import pytest
 
