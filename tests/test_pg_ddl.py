@@ -67,7 +67,7 @@ class Rounds:
         return result
 
 
-@pytest.mark.long_running(60)
+@pytest.mark.long_running(200)
 def test_schema_changes_flow_through_and_a_narrowing_one_stops(source_dsn, target_dsn, store, spark, tmp_path,
                                                                 monkeypatch, capsys):
     source = source_dsn
@@ -128,6 +128,10 @@ def test_schema_changes_flow_through_and_a_narrowing_one_stops(source_dsn, targe
     assert any("shop.items: created" in change for change in result.ddl)
     versions = {name: [v.version for v in table.versions] for name, table in load_defs(archive).items()}
     assert versions == {"shop.orders": [1, 2, 3, 4], "shop.items": [1, 2], "shop.other": [1]}
+    capsys.readouterr()
+    assert cli.main(["--config", str(config_path), "info", "source", "PG"]) == 0
+    info = capsys.readouterr().out
+    assert "Table shop.orders: version 4 since scn" in info and "Table shop.items: version 2 since scn" in info
     # Each record of the trail names its version; logdump shows it.
     remote = sorted(trail.existing_files(tmp_path / "remote" / "rt"))
     records = [r for path in remote for r in trail.read_file(path).to_pylist()]

@@ -22,6 +22,7 @@ from trailbound.archive.writer import write_defs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import utc
+from trailbound.positions import Scn
 from trailbound.metadata import connection_error, dsn_from_env
 from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import state as miner_state
@@ -332,6 +333,7 @@ def describe_source(config: Config, name: str) -> str:
         lines.append(f"  Time lag:       the archive reaches {lag.behind_seconds:.1f} s before the server's clock")
     else:
         lines.append(f"  Last segment:   none yet (the slot starts at scn {lag.start_scn.scn}, {lag.start_scn})")
+    lines.extend(_versions(config.archive_dir(source)))
     lines.append(f"  Open streamed transactions: {len(lag.open_streamed)}")
     for xid, txn in sorted(lag.open_streamed.items()):
         lines.append(f"    xid {xid}: first change {txn.first_time}, last archived change at {Lsn(txn.last_lsn)}"
@@ -378,6 +380,18 @@ def widen_scope(connection, source: str, pg) -> list[str]:
                 raise
         added.append(table.qualified)
     return added
+
+
+def _versions(archive) -> list[str]:
+    """A line per table whose definition changed, or that entered the scope, while the
+    archive was written: its current version and the position from which it holds."""
+    try:
+        defs = archive_segments.load_defs(archive)
+    except TrailboundError:
+        return []
+    return [f"  Table {name}: version {table.latest.version} since scn {table.latest.scn} "
+            f"({Lsn.of(Scn(table.latest.scn))})" for name, table in defs.items()
+            if len(table.versions) > 1 or table.latest.scn]
 
 
 def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None = None):
