@@ -1,6 +1,7 @@
 """Schema changes on a live PostgreSQL source flow through to the target without a stop
 (issue 39): ADD COLUMN with and without a default, DROP COLUMN, ALTER COLUMN TYPE
-bigint, a new table matching `table:`, one change inside a streamed transaction; after
+bigint, a new table matching `table:`, one change inside a streamed transaction, replicat
+killed before and after the commit that alters the target with its first rows; after
 each round of pull, capture, pump and replicat the target equals the source table by
 table (a column the target keeps after a drop left out), the archive holds each table's
 versions, the trail names each record's version. A narrowing change stops replicat
@@ -9,6 +10,9 @@ before its first row with the documented message; after the runbook it converges
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import psycopg2
 import pytest
@@ -19,6 +23,7 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
+from trailbound.crash import CRASH_ENV
 from trailbound.pump.run import run_pump
 from trailbound.replicat.ddl import DdlStop
 from trailbound.replicat.run import run_replicat
@@ -73,6 +78,7 @@ def test_schema_changes_flow_through_and_a_narrowing_one_stops(source_dsn, targe
     source = source_dsn
     monkeypatch.setenv(SOURCE_ENV, source)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)  # for the killed replicat's process
     execute(source, "CREATE SCHEMA shop",
             "CREATE TABLE shop.orders (id int PRIMARY KEY, note varchar(10), qty int NOT NULL, gone text NOT NULL)",
             "CREATE TABLE shop.other (id int PRIMARY KEY)")  # matches the pattern, never written
@@ -92,9 +98,19 @@ def test_schema_changes_flow_through_and_a_narrowing_one_stops(source_dsn, targe
             "INSERT INTO shop.orders VALUES (21, 'n21', 21, 'g21', 7, 'no')",
             "UPDATE shop.orders SET extra = 1 WHERE id = 1")
     capsys.readouterr()
-    result = rounds.round(orders)
+    rounds.pull()
     assert "new table version(s): shop.orders v2" in capsys.readouterr().out
-    assert any("column extra integer added" in change for change in result.ddl)
+    run_extract(spark, store, config, "EXT1")
+    run_pump(None, store, config, "PMP1")
+    # kill -9 with the new columns' ALTER and the first rows in the target transaction,
+    # before its commit (neither stays) and after (both do: the rerun has nothing to alter)
+    for point, there in (("before_target_commit", False), ("after_target_commit", True)):
+        crashed = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "replicat",
+                                  "run", "REP1"], env={**os.environ, CRASH_ENV: point}, capture_output=True, text=True,
+                                 timeout=300)
+        assert crashed.returncode == 137, crashed.stderr[-2000:]
+        assert ("extra" in _columns(target_dsn, "shop", "orders")) is there
+    rounds.round(orders)
     assert _columns(target_dsn, "shop", "orders")[-2:] == ["extra", "flag"]
     assert query(target_dsn, "SELECT flag FROM shop.orders WHERE id = 2") == [("yes",)]
     defs = load_defs(archive)["shop.orders"]
