@@ -103,16 +103,20 @@ def start(cur, defs: dict[str, TableDef], rules, policy: DdlConfig, log_scn: int
     return versions
 
 
-def advance(cur, versions: Versions, fence: Fence) -> Versions:
+def advance(cur, versions: Versions, fence: Fence, defs: dict[str, TableDef] | None = None) -> Versions:
     """The versions after `fence`: the changed tables planned for their new version, with
-    the statements that make the target fit it, or DdlStop."""
-    expected = dict(versions.expected)
+    the statements that make the target fit it, or DdlStop. `defs`: the source's
+    definitions read again (a table may have entered the archive since the run began)."""
+    if defs is not None:
+        versions.defs = defs
+    expected = {name: versions.expected.get(name, table.versions[0].version) for name, table in versions.defs.items()}
     previous = {}
     for table, number in fence.changed.items():
         if table not in versions.defs:
             raise DdlStop(f"source table {table} at {fence.where()} is not in the source's defs.json: its archive's "
                           f"definitions are older than the trail; see {RUNBOOK}")
-        previous[table] = versions.defs[table].version(expected[table]) if table in expected else None
+        previous[table] = versions.defs[table].version(versions.expected[table]) \
+            if table in versions.expected else None
         expected[table] = number
     advanced = Versions(versions.defs, versions.rules, versions.policy, expected)
     # Statements no row has run yet (the pass ended before its first group) come first.

@@ -653,7 +653,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                         run.parallel.close()
                     with connection.cursor() as cur:
                         cur.execute("DISCARD TEMP")  # the staging tables of the old plans
-                        versions = ddl.advance(cur, versions, fence)
+                        versions = ddl.advance(cur, versions, fence, load_defs(config.archive_dir(replicat.source)))
                     connection.commit()
                     with store.transaction() as cur:
                         files, start_rba = pending_files(cur, state, TrailPosition(fence.seqno, fence.rba))
