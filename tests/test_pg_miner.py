@@ -1,6 +1,6 @@
 """The miner on its own (no server): decoded messages -> archive records and segments;
 what the slot sends again is archived once, whatever was durable when a pull died;
-values, keys, TOAST, streamed subtransactions; a changed table stops the pull."""
+values, keys, TOAST, streamed subtransactions; a changed table gets a new version."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from trailbound.positions import Scn
 from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
-from trailbound.sources.postgres.miner import Limits, Miner, PullResult, SchemaChanged
+from trailbound.sources.postgres.miner import Limits, Miner, PullResult
 from trailbound.sources.postgres.reader import Received
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -132,14 +132,41 @@ def test_updates_deletes_truncate_and_unchanged_toast(archive):
                        ("DELETE", '{"id":2}', None), ("TRUNCATE", None, None)]
 
 
-def test_a_changed_table_stops_the_pull_naming_table_and_position(archive):
-    miner = _miner(archive)
+def test_a_changed_table_gets_a_new_version_from_its_first_record(archive):
+    """The old shape's records stay below the new version's scn even when the slot's
+    positions would tie them (a transaction sent at its commit is raised to the floor);
+    re-sent messages make no version; a version a killed pull wrote past the archive's
+    end is forgotten."""
     altered = d.Relation(None, 100, "shop", "Orders", "d", COLUMNS + (d.RelationColumn(0, "extra", 23, -1),))
-    with pytest.raises(SchemaChanged, match=r"table shop.Orders has columns \(id integer, .*extra integer\) in the "
-                                            r"stream, defs.json says \(id integer, .*ok boolean\) \(at LSN 0/44C\)"):
-        _feed(miner, [(1100, d.Begin(Lsn(1500), T0, 7)), (0, altered)])
-    with pytest.raises(SchemaChanged, match="table shop.Other is not in defs.json"):
-        _feed(_miner(archive), [(1100, d.Begin(Lsn(1500), T0, 7)), (0, d.Relation(None, 5, "shop", "Other", "d", ()))])
+    other = d.Relation(None, 5, "shop", "Other", "d", (d.RelationColumn(1, "k", 23, -1),))
+    old = _transaction(7, 1100, [1], 1500)
+    new = [(1200, d.Begin(Lsn(1600), T0, 8)), (0, altered), (1200, d.Insert(None, 100, ("2", "b", "1", "t", "42"))),
+           (0, other), (1210, d.Insert(None, 5, ("9",))), (1640, d.Commit(0, Lsn(1600), Lsn(1640), T0))]
+    miner = _miner(archive, Limits(records=100))
+    miner.catalog = lambda oid: {"extra": (False, "7")} if oid == 100 else {"k": (True, None)}
+    _feed(miner, old + new)
+    miner.finish(Lsn(1640), T0)
+    defs = load_defs(archive)
+    orders, table = defs["shop.Orders"], defs["shop.Other"]
+    records = _records(archive)
+    assert [v.version for v in orders.versions] == [1, 2] and orders.columns[-1].name == "extra"
+    assert orders.columns[-1].default == "7" and orders.columns[-1].nullable
+    first_new = next(r for r in records if r["xid"] == "8")
+    assert orders.latest.scn == first_new["scn"] > max(r["scn"] for r in records if r["xid"] == "7")
+    assert [orders.version_at(r["scn"]).version for r in records if r["table"] == "shop.Orders"] == [1, 2]
+    assert table.versions[0].scn == next(r["scn"] for r in records if r["table"] == "shop.Other")
+    assert table.key == ("k",) and not table.columns[0].nullable
+    assert miner.new_versions == ["shop.Orders v2", "shop.Other v1"]
+    # The slot sends it all again: nothing new
+    miner = _miner(archive, Limits(records=100))
+    _feed(miner, old + new)
+    miner.finish(Lsn(1700), T0)
+    assert miner.new_versions == [] and load_defs(archive) == defs
+    # A version past the archive's end (written before a manifest that never came) is forgotten
+    write_defs(archive, [t.as_json() for t in load_defs(archive).values()] + [{
+        "name": "shop.Ghost", "columns": [{"name": "a", "type": "integer"}], "key": [],
+        "versions": [{"version": 1, "scn": 999999, "columns": [{"name": "a", "type": "integer"}], "key": []}]}])
+    assert "shop.Ghost" not in _miner(archive).defs
 
 
 def test_an_idle_source_still_moves_next_scn(archive):

@@ -15,7 +15,7 @@ import os
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -229,6 +229,16 @@ class MapRule(_Section):
         return value
 
 
+class DdlConfig(_Section):
+    """How replicat follows a source table's new version (replicat/ddl.py, docs/replicat.md
+    "When a source table changes"): `apply` adds new nullable or defaulted columns, widens
+    types, creates new tables a MAP selects, and stops before anything else; `abend`
+    stops before any change."""
+
+    mode: Literal["apply", "abend"] = "apply"
+    drop_columns: Literal["keep", "drop"] = "keep"   # a column dropped at the source: kept on the target, or dropped
+
+
 class ReplicatConfig(_Section):
     """A replicat group's parameters (a Replicat parameter file): the trail it applies to
     the target database, how source tables map to target tables, and how it groups
@@ -247,6 +257,7 @@ class ReplicatConfig(_Section):
     # pieces of this many records, all inside its one target transaction (docs/replicat.md).
     chunk_records: int = Field(default=250_000, ge=1)
     checkpointtable: str = "trailbound.ggcheckpoint"  # CHECKPOINTTABLE [schema.]name in the target
+    ddl: DdlConfig = Field(default_factory=DdlConfig)  # a source table's new version: see DdlConfig
 
     @field_validator("exttrail")
     @classmethod

@@ -374,22 +374,108 @@ class Column:
     name: str
     type: str
     nullable: bool
+    # The value (PostgreSQL text input form) the rows that existed before the column was
+    # added hold in it: PostgreSQL's attmissingval. None: NULL, or not known.
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class TableVersion:
+    """One definition of a table and the SCN from which it holds: a record of the table
+    with `scn >= self.scn` (and below the next version's) was written under it."""
+
+    version: int
+    scn: int
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+
+    @property
+    def effective_key(self) -> tuple[str, ...]:
+        return self.key or tuple(column.name for column in self.columns)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(column.name for column in self.columns)
+
+    def as_json(self) -> dict:
+        return {"version": self.version, "scn": self.scn, "columns": [_column_json(c) for c in self.columns],
+                "key": list(self.key)}
+
+
+def _column_json(column: Column) -> dict:
+    document = {"name": column.name, "type": column.type, "nullable": column.nullable}
+    if column.default is not None:
+        document["default"] = column.default
+    return document
 
 
 @dataclass(frozen=True)
 class TableDef:
+    """A table's latest definition (`columns`, `key`) and every version of it, oldest
+    first (an archive without versions: one, version 1 from SCN 0)."""
+
     name: str
     columns: tuple[Column, ...]
     key: tuple[str, ...]
+    versions: tuple[TableVersion, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.versions:
+            object.__setattr__(self, "versions", (TableVersion(1, 0, self.columns, self.key),))
 
     @property
     def effective_key(self) -> tuple[str, ...]:
         """The columns that identify a row: a table with no key is keyed by all columns."""
         return self.key or tuple(column.name for column in self.columns)
 
+    @property
+    def latest(self) -> TableVersion:
+        return self.versions[-1]
+
+    def version(self, number: int) -> TableVersion:
+        for version in self.versions:
+            if version.version == number:
+                return version
+        raise KeyError(f"table {self.name} has no version {number}")
+
+    def version_at(self, scn: int) -> TableVersion:
+        """The version a record of this table at `scn` was written under."""
+        chosen = self.versions[0]
+        for version in self.versions:
+            if version.scn <= scn:
+                chosen = version
+        return chosen
+
+    def with_version(self, columns: tuple[Column, ...], key: tuple[str, ...], scn: int) -> "TableDef":
+        added = TableVersion(self.latest.version + 1, scn, columns, key)
+        return TableDef(self.name, columns, key, self.versions + (added,))
+
+    def as_json(self) -> dict:
+        """defs.json's entry: the latest definition at the top (what a reader without
+        versions reads), and the versions when there is more than the first."""
+        document = {"name": self.name, "columns": [_column_json(c) for c in self.columns], "key": list(self.key)}
+        if len(self.versions) > 1 or self.versions[0].scn:
+            document["versions"] = [version.as_json() for version in self.versions]
+        return document
+
+
+def _columns(path: Path, name, documents) -> tuple[Column, ...]:
+    columns = tuple(Column(c["name"], c["type"], bool(c.get("nullable", True)),
+                           None if c.get("default") is None else str(c["default"])) for c in documents)
+    names = [c.name for c in columns]
+    if not columns or len(set(names)) != len(names):
+        raise ArchiveError(path, f"table {name!r}: columns must be present and unique")
+    return columns
+
+
+def _check_key(path: Path, name, key, columns) -> None:
+    unknown = [k for k in key if k not in [c.name for c in columns]]
+    if unknown:
+        raise ArchiveError(path, f"table {name!r}: key column(s) {unknown} are not among its columns")
+
 
 def load_defs(archive_dir: Path) -> dict[str, TableDef]:
-    """Read defs.json: table name -> definition."""
+    """Read defs.json: table name -> definition (with its versions)."""
     path = archive_dir / contract.DEFS_FILE
     try:
         document = json.loads(path.read_bytes())
@@ -403,17 +489,26 @@ def load_defs(archive_dir: Path) -> dict[str, TableDef]:
         try:
             name = table["name"]
             contract.split_table_name(name)
-            columns = tuple(Column(c["name"], c["type"], bool(c.get("nullable", True))) for c in table["columns"])
+            columns = _columns(path, name, table["columns"])
             key = tuple(table.get("key") or ())
+            versions = tuple(TableVersion(int(v["version"]), int(v["scn"]), _columns(path, name, v["columns"]),
+                                          tuple(v.get("key") or ())) for v in table.get("versions") or ())
         except (KeyError, TypeError, ValueError) as exc:
             raise ArchiveError(path, f"table #{index + 1}: {exc}") from None
-        names = [c.name for c in columns]
-        if not columns or len(set(names)) != len(names):
-            raise ArchiveError(path, f"table {name!r}: columns must be present and unique")
-        unknown = [k for k in key if k not in names]
-        if unknown:
-            raise ArchiveError(path, f"table {name!r}: key column(s) {unknown} are not among its columns")
+        _check_key(path, name, key, columns)
+        for position, version in enumerate(versions):
+            _check_key(path, name, version.key, version.columns)
+            if version.version != position + 1 or (position and version.scn <= versions[position - 1].scn):
+                raise ArchiveError(path, f"table {name!r}: versions must be numbered 1, 2, ... with increasing scn "
+                                         f"(version #{position + 1} is {version.version} at scn {version.scn})")
+        if versions and (versions[-1].columns, versions[-1].key) != (columns, key):
+            raise ArchiveError(path, f"table {name!r}: its columns and key must be those of its last version")
         if name in defs:
             raise ArchiveError(path, f"table {name!r} is defined twice")
-        defs[name] = TableDef(name, columns, key)
+        defs[name] = TableDef(name, columns, key, versions)
     return defs
+
+
+def versions_of(defs: dict[str, TableDef]) -> dict[str, list[tuple[int, int]]]:
+    """Each table's (scn, version) pairs, for a reader that numbers records by version."""
+    return {name: [(v.scn, v.version) for v in table.versions] for name, table in defs.items()}

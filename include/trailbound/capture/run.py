@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from trailbound import copytext
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon
-from trailbound.archive.segments import Segment, load_defs
+from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery, trailwrite
@@ -237,9 +237,11 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     expected = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024))
     watch.lap("plan trail files (Spark)")
     crashpoint("before_trail_write")
+    # defs.json read after the segments were cataloged: it holds every version they use
+    layouts, versions = _copy_line_layouts(config, extract)
     files = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
                                    expected, prefix, state.write.position.seqno + 1, group=state.group,
-                                   log_bsn=log_bsn, layouts=_copy_line_layouts(config, extract))
+                                   log_bsn=log_bsn, layouts=layouts, versions=versions)
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 
@@ -387,14 +389,17 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, log: LogRead, ho
             "persisted_bytes": sum(p.file.stat().st_size for p in persisted)}
 
 
-def _copy_line_layouts(config: Config, extract) -> dict:
-    """The layout (defs.json's columns and their JSON kinds) in which the trail's inserts
-    carry their COPY lines. An archive without readable definitions gets no lines: capture
-    does not need them, and replicat, which does, says what is wrong with them."""
+def _copy_line_layouts(config: Config, extract) -> tuple[dict, dict]:
+    """The layout (defs.json's latest columns and their JSON kinds) in which the trail's
+    inserts carry their COPY lines, and each table's versions (scn, number), by which each
+    record gets its table_version. An archive without readable definitions gets no lines
+    and version 1 throughout: capture does not need them, and replicat, which does, says
+    what is wrong with them."""
     try:
-        return copytext.layouts_of(load_defs(config.archive_dir(config.source_name(extract.source))))
+        defs = load_defs(config.archive_dir(config.source_name(extract.source)))
     except ArchiveError:
-        return {}
+        return {}, {}
+    return copytext.layouts_of(defs), versions_of(defs)
 
 
 def _remove_uncommitted_files(store: MetadataStore, prefix: Path, committed_seqno: int) -> None:

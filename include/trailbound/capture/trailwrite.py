@@ -91,11 +91,12 @@ def _empty_safe(function):
 
 
 def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path, first_seqno: int, *, group: str,
-                log_bsn: Scn, layouts: dict | None = None) -> list[trails.TrailFileInfo]:
+                log_bsn: Scn, layouts: dict | None = None, versions: dict | None = None) -> list[trails.TrailFileInfo]:
     """Write the planned files (`trail`: records with their file_no) from Spark tasks and
     verify them. `expected` is the plan per file number: records, first and last CSN. The
     inserts of the tables in `layouts` carry their COPY lines (trailbound.copytext), made
-    by the tasks."""
+    by the tasks; each DML record its table_version, from `versions` (per table, (scn,
+    version) pairs: archive.segments.versions_of)."""
     if not expected:
         return []
     location = str(prefix)
@@ -105,7 +106,7 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
         # run hanging past its 300 s timeout (not understood yet); the driver's below
         # stands for a run killed while the files are on disk and nothing is verified.
         for info in trails.write_planned_files(Path(location), first_seqno, batches, group=group, log_bsn=log_bsn,
-                                               layouts=layouts):
+                                               layouts=layouts, versions=versions):
             yield pa.RecordBatch.from_pylist([{
                 "file_no": info.seqno - first_seqno, "path": str(info.path), "records": info.records,
                 "bytes": info.bytes, "sha256": info.sha256, "first_csn": str(info.first_csn),

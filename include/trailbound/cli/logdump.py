@@ -25,15 +25,24 @@ def logdump(ctx: Context) -> int:
         csn = Csn.from_row(record)
         fields = {"seqno": seqno, "rba": record["rba"], "trans_ind": record["trans_ind"], "csn": str(csn),
                   "xid": record["xid"], "commit_ts": record["commit_ts"].isoformat(), "op": record["op"],
-                  "table": record["table"], "before": record["before"], "after": record["after"]}
+                  "table": record["table"], "table_version": record["table_version"], "before": record["before"],
+                  "after": record["after"]}
         if ctx.args.json:
             print(_json.dumps(fields, ensure_ascii=False))
         else:
             position = f"{seqno}:{record['rba']}" if seqno is not None else f"rba {record['rba']}"
             print(f"{position:>14}  ind {record['trans_ind']}  csn {csn}  commit "
                   f"{record['commit_ts'].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC  xid {record['xid']!r}  "
-                  f"{record['op']:<8} {record['table']}  before={record['before']}  after={record['after']}")
+                  f"{record['op']:<8} {_table(record)}  before={record['before']}  after={record['after']}")
     return 0
+
+
+def _table(record: dict) -> str:
+    """The table and the version of its definition the record was written under (v1 for
+    a file older than versions)."""
+    if record["table"] is None:
+        return "None"
+    return f"{record['table']} v{record['table_version'] or 1}"
 
 
 def arguments(verbs) -> None:

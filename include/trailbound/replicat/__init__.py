@@ -8,7 +8,9 @@ the lines indexed, `compute.py` a chunk's lines); `apply/` the target side (its
 replay, `parallel.py` insert-only groups on several sessions, `copychain.py` a session's
 group as one query); `windows.py` a watermark load's windows, applied in the trail's
 commit order; `loadinfo.py` a load's progress read back (INFO REPLICAT);
-`checkpoint_table.py` the target's checkpoint table; `checkpoints.py` the metadata
+`ddl.py` a source table's new version on the target (added columns, widened types,
+new tables, or a stop before the first row); `checkpoint_table.py` the target's
+checkpoint table; `checkpoints.py` the metadata
 store's side; `alter.py` ALTER REPLICAT; `target.py` the target's catalog and table
 mapping; `info.py` INFO REPLICAT; `expected.py` what a replica should hold. See
 docs/replicat.md.

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import psycopg2
 import psycopg2.errors
@@ -64,6 +65,7 @@ from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
+from trailbound.replicat import ddl
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import DATA_ERRORS, ApplyError, Collision, NeedsReplay
 from trailbound.replicat.apply.parallel import ParallelApply, lane_connection
@@ -210,6 +212,7 @@ class RunResult:
     collisions: int = 0
     pieced: int = 0             # transactions longer than chunk_records, applied in pieces
     pieces: int = 0
+    ddl: list[str] = field(default_factory=list)   # what a source table's new version changed on the target
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -230,6 +233,8 @@ class RunResult:
         if self.pieced:
             text += (f"; {self.pieced} transaction(s) longer than chunk_records applied in {self.pieces} pieces, "
                      "each transaction in one target transaction")
+        if self.ddl:
+            text += f"; table versions applied: {'; '.join(self.ddl)}"
         return text
 
 
@@ -248,7 +253,7 @@ class _Run:
 
     def __init__(self, start_spark, store: MetadataStore, config: Config, state: ckpt.ReplicatState, connection,
                  plans, checkpoint: ckpt.Checkpoint, result: RunResult, timer: _Timer, overflow: ckt.Overflow,
-                 target_dsn: str | None = None):
+                 target_dsn: str | None = None, versions: ddl.Versions | None = None):
         self.start_spark, self.store, self.config, self.state = start_spark, store, config, state
         self.connection, self.plans, self.checkpoint, self.result, self.timer = (connection, plans, checkpoint,
                                                                                result, timer)
@@ -274,6 +279,10 @@ class _Run:
         self.workdir = config.path(Path("var") / "replicat" / state.group)
         self.fs = trailfs.for_location(state.exttrail, None if trailfs.is_local(state.exttrail) else start_spark())
         self._saved_at, self._unsaved = float("-inf"), False
+        # The table versions the plans are for; the first record of another is a fence:
+        # this pass ends before its transaction (replicat/ddl.py).
+        self.versions = versions
+        self.fence: ddl.Fence | None = None
 
     # -- preparing chunks (in a background thread, CHUNKS_AHEAD chunks ahead)
 
@@ -325,13 +334,29 @@ class _Run:
             yield part
 
     def _prepare(self, number: int, cuts, log_csn: Csn | None) -> Chunk | None:
-        """The next chunk of `cuts` planned and netted; None after the last."""
+        """The next chunk of `cuts` planned and netted; None after the last, or once a
+        chunk ended at a fence."""
+        if self.fence is not None:
+            return None
         following = next(cuts, None)
         if following is None:
             return None
         files, tables, piece = following
         began = time.perf_counter()
         chunk = plan_chunk(files, tables, log_csn, self.grouptransops, self.images, piece)
+        if self.versions is not None and (at := ddl.first_change(chunk.light, self.versions)) is not None:
+            if piece is not None and piece.number > 0:
+                # The fence goes before the transaction, and its first pieces are in the
+                # open target transaction already: a new pass cannot start there.
+                first = chunk.light.slice(at, 1).to_pylist()[0]
+                raise TrailboundError(
+                    f"a source table's version changes inside a transaction longer than chunk_records "
+                    f"({self.chunk_records} records), at trail file {chunk.path_of(first['seqno'])} rba "
+                    f"{first['rba']}: nothing of the transaction was applied; set replicat's chunk_records above "
+                    f"the transaction's size for this run, then back")
+            chunk = self._up_to_fence(chunk, files, tables, at, log_csn)
+            if chunk is None:
+                return None
         planned = time.perf_counter()
         from trailbound.replicat.net.compute import compute_net  # not for a run with nothing new
 
@@ -339,7 +364,34 @@ class _Run:
         self.timer.add("prepare: plan groups", planned - began)
         return chunk
 
+    def _up_to_fence(self, chunk: Chunk, files, tables, at: int, log_csn: Csn | None) -> Chunk | None:
+        """The chunk's transactions before the one holding record `at` (the first of a
+        table version this pass is not planned for); the fence there."""
+        txn = int(np.searchsorted(chunk.txn_starts, at, side="right")) - 1
+        start = int(chunk.txn_starts[txn])
+        stop = int(chunk.txn_starts[txn + 1]) if txn + 1 < len(chunk.txn_starts) else len(chunk.light)
+        first = chunk.light.slice(start, 1).to_pylist()[0]
+        self.fence = ddl.Fence(first["seqno"], first["rba"], str(Csn.from_row(first)), chunk.path_of(first["seqno"]),
+                               ddl.changed_at(chunk.light, start, stop, self.versions))
+        if start == 0:
+            return None
+        files, tables = ddl.prefix(tables, files, start)
+        return plan_chunk(files, tables, log_csn, self.grouptransops, self.images)
+
     # -- applying
+
+    def _versions_first(self, cur) -> None:
+        """A table version's statements, in the target transaction of its first row."""
+        if self.versions is not None and self.versions.pending:
+            self.verified(self.checkpoint.position)
+            self.versions.run_pending(cur)
+
+    def _versions_committed(self) -> None:
+        if self.versions is not None and self.versions.pending:
+            self.result.ddl.extend(self.versions.described)
+            for change in self.versions.described:
+                log.warning("replicat %s: %s", self.state.group, change)
+            self.versions.committed()
 
     def apply_chunk(self, chunk: Chunk) -> None:
         if chunk.piece is not None and chunk.groups:
@@ -350,7 +402,7 @@ class _Run:
         if chunk.net is not None:
             self.fast.prepare(chunk.net.tables())
             self.fast.stage(chunk.net.staged)
-        if self.parallel is not None:
+        if self.parallel is not None and not (self.versions is not None and self.versions.pending):
             with self.connection.cursor() as cur:
                 quiet = self.windows.quiet(cur, chunk)
             self.connection.commit()
@@ -379,12 +431,14 @@ class _Run:
         began = time.perf_counter()
         try:
             with self.connection.cursor() as cur:
+                self._versions_first(cur)
                 self.apply_units(cur, self.fast, chunk, group)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
                 self._write_checkpoint_row(cur, group.end, **_row_values(group))
                 crashpoint("before_target_commit")
             self.connection.commit()
+            self._versions_committed()
         except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
             self.connection.rollback()
             self.timer.add("apply: fast path (failed, rolled back)", time.perf_counter() - began)
@@ -540,6 +594,7 @@ class _Run:
             record = None
             try:
                 with self.connection.cursor() as cur:
+                    self._versions_first(cur)
                     for record in records:
                         self.replayer.apply(cur, record, stats)
                     last = records[-1]
@@ -552,6 +607,7 @@ class _Run:
                                                log_bsn=bsn)
                     crashpoint("before_target_commit")
                 self.connection.commit()
+                self._versions_committed()
             except (psycopg2.Error, TrailboundError) as exc:
                 lost = self.connection.closed  # the target went away: not this record's fault
                 self._rollback_quietly()
@@ -670,9 +726,10 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                 ckt.create(cur, table_name)
                 row = ckt.read(cur, table_name, name)
                 overflow = ckt.overflow_exists(cur, table_name, name)
-                plans = tgt.plan_tables(cur, load_defs(config.archive_dir(replicat.source)), replicat.map)
+                checkpoint, started_from = starting_checkpoint(state, row)
+                versions = ddl.start(cur, load_defs(config.archive_dir(replicat.source)), replicat.map, replicat.ddl,
+                                     checkpoint.log_csn.scn if checkpoint.log_csn else None)
             connection.commit()
-            checkpoint, started_from = starting_checkpoint(state, row)
             result = RunResult(name, started_from, checkpoint.position, checkpoint.position, checkpoint.log_csn)
             with store.transaction() as cur:
                 if checkpoint != state.checkpoint:
@@ -683,12 +740,28 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             if not files:
                 result.note = "nothing new in the trail"
                 return result
-            run = _Run(start_spark, store, config, state, connection, plans, checkpoint, result, timer, overflow,
-                       target_dsn)
+            run = _Run(start_spark, store, config, state, connection, versions.plans, checkpoint, result, timer,
+                       overflow, target_dsn, versions)
             try:
-                for chunk in run.chunks(files, start_rba):
-                    run.apply_chunk(chunk)
-                run.settle()
+                while True:
+                    for chunk in run.chunks(files, start_rba):
+                        run.apply_chunk(chunk)
+                    run.settle()
+                    if run.fence is None:
+                        break
+                    # A table's new version: what came before it is applied; the next pass
+                    # is planned for the new version, its statements run with its first row.
+                    fence = run.fence
+                    if run.parallel is not None:
+                        run.parallel.close()
+                    with connection.cursor() as cur:
+                        cur.execute("DISCARD TEMP")  # the staging tables of the old plans
+                        versions = ddl.advance(cur, versions, fence, load_defs(config.archive_dir(replicat.source)))
+                    connection.commit()
+                    with store.transaction() as cur:
+                        files, start_rba = pending_files(cur, state, TrailPosition(fence.seqno, fence.rba))
+                    run = _Run(start_spark, store, config, state, connection, versions.plans, run.checkpoint, result,
+                               timer, overflow, target_dsn, versions)
             except Exception:
                 # A file found not to be the committed one is the error, whatever its
                 # records led to before its checksum was known (none of them committed).

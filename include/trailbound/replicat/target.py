@@ -77,7 +77,8 @@ class TablePlan:
         return not self.not_null[self.columns.index(column)]
 
 
-def _catalog(cur, names: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, tuple[str, bool]]]:
+def catalog(cur, names: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, tuple[str, bool]]]:
+    """The target tables' columns: (schema, table) -> column -> (format_type, NOT NULL)."""
     if not names:
         return {}
     cur.execute("SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull"
@@ -96,15 +97,21 @@ def plan_tables(cur, defs: dict[str, TableDef], rules) -> dict[str, TablePlan | 
     """Every source table's plan (None: no map rule selects it). A mapped table missing
     from the target, or missing one of the source's columns, stops replicat here, before
     anything is applied."""
+    return plans_from(catalog(cur, sorted({m for m in (map_name(rules, n) for n in defs) if m})), defs, rules)
+
+
+def plans_from(found: dict[tuple[str, str], dict[str, tuple[str, bool]]], defs: dict[str, TableDef],
+               rules) -> dict[str, TablePlan | None]:
+    """plan_tables from the target's catalog as read (`catalog`), or as it will be once a
+    table version's statements ran (replicat/ddl.py)."""
     mapped = {name: map_name(rules, name) for name in defs}
-    catalog = _catalog(cur, sorted({m for m in mapped.values() if m}))
     plans: dict[str, TablePlan | None] = {}
     for source, target in mapped.items():
         if target is None:
             plans[source] = None
             continue
         table = defs[source]
-        columns = catalog.get(target)
+        columns = found.get(target)
         shown = f"{target[0]}.{target[1]}"
         if columns is None:
             raise TrailboundError(f"target table {shown} (mapped from source table {source}) does not exist: create "
@@ -119,28 +126,35 @@ def plan_tables(cur, defs: dict[str, TableDef], rules) -> dict[str, TablePlan | 
     return plans
 
 
-def _type_sql(table: TableDef, column) -> sql.SQL:
+def type_sql(table: str, column) -> sql.SQL:
+    """A defs.json column's type as DDL text, refused unless it is a plain type name."""
     if not _TYPE_NAME.match(column.type):
-        raise TrailboundError(f"defs.json: table {table.name} column {column.name!r} has type {column.type!r}, "
-                              "which `target create` will not write into DDL; create this table yourself")
+        raise TrailboundError(f"defs.json: table {table} column {column.name!r} has type {column.type!r}, "
+                              "which trailbound will not write into DDL; create or alter this table yourself")
     return sql.SQL(column.type)
+
+
+def create_statements(table: TableDef, target: tuple[str, str]) -> list[sql.Composed]:
+    """CREATE SCHEMA / TABLE IF NOT EXISTS for `table` at `target`: the source's types,
+    NOT NULL and primary key."""
+    columns = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), type_sql(table.name, c),
+                                         sql.SQL("" if c.nullable else " NOT NULL")) for c in table.columns]
+    if table.key:
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.key))))
+    return [sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])),
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(sql.Identifier(*target), sql.SQL(", ").join(columns))]
 
 
 def create_tables(cur, defs: dict[str, TableDef], rules) -> list[tuple[str, str, bool]]:
     """CREATE TABLE IF NOT EXISTS for every mapped source table, with the source's types,
     NOT NULL and primary key. Returns (source, target, created now)."""
     done = []
-    existing = _catalog(cur, sorted({m for m in (map_name(rules, n) for n in defs) if m}))
+    existing = catalog(cur, sorted({m for m in (map_name(rules, n) for n in defs) if m}))
     for name, table in defs.items():
         target = map_name(rules, name)
         if target is None:
             continue
-        columns = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), _type_sql(table, c),
-                                             sql.SQL("" if c.nullable else " NOT NULL")) for c in table.columns]
-        if table.key:
-            columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.key))))
-        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])))
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(sql.Identifier(*target),
-                                                                        sql.SQL(", ").join(columns)))
+        for statement in create_statements(table, target):
+            cur.execute(statement)
         done.append((name, f"{target[0]}.{target[1]}", target not in existing))
     return done

@@ -28,10 +28,11 @@ from trailbound.durable import atomic_write, file_sha256
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, TRAIL_ORDER, TrailPosition
 
-# Version 2 added `copy_line`, each INSERT's row as a COPY text line. Version 1 files read
-# as if that column were all NULL.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# Version 2 added `copy_line`, each INSERT's row as a COPY text line; version 3
+# `table_version`, the version of its table's definition each DML record was written
+# under. Older files read as if those columns were all NULL.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 _METADATA_KEY = b"trailbound.trail"
 # The copy_line field's metadata: the layout of each table whose inserts carry a line.
 _LAYOUTS_KEY = b"trailbound.copy_line_layouts"
@@ -63,13 +64,18 @@ SCHEMA = pa.schema([
     ("src_rba", pa.int64()),
     ("src_scn", pa.int64()),
     ("log_bsn", pa.int64()),        # recovery SCN of the capture run that wrote it
+    # The version of the table's definition (the redo archive's defs.json) the record was
+    # written under: its images hold that version's columns. NULL for COMMIT and the like,
+    # and in files of format 2 and older (read as version 1, the only one they knew).
+    ("table_version", pa.int32()),
     # An INSERT's row as a COPY text line (trailbound.copytext), in the source's column
     # order: replicat applies it without parsing the image. NULL for every other record,
     # and for the inserts of a table with no layout in the file's footer.
     ("copy_line", pa.string()),
 ])
 COLUMNS = SCHEMA.names
-_SCHEMAS = {2: SCHEMA, 1: pa.schema([field for field in SCHEMA if field.name != "copy_line"])}
+_SCHEMAS = {3: SCHEMA, 2: pa.schema([field for field in SCHEMA if field.name != "table_version"]),
+            1: pa.schema([field for field in SCHEMA if field.name not in ("copy_line", "table_version")])}
 
 
 def trail_path(prefix: Path, seqno: int) -> Path:
@@ -155,6 +161,8 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
     layouts = copy_line_layouts(table)
     if "copy_line" not in table.schema.names:
         table = table.append_column("copy_line", pa.nulls(len(table), pa.string()))
+    if "table_version" not in table.schema.names:
+        table = table.append_column("table_version", pa.nulls(len(table), pa.int32()))
     table = table.select(COLUMNS).cast(SCHEMA).replace_schema_metadata(None)
     first = Csn.from_row(table.slice(0, 1).to_pylist()[0])
     last = Csn.from_row(table.slice(len(table) - 1).to_pylist()[0])
@@ -175,6 +183,48 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
 
     atomic_write(path, write)
     return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
+
+
+def with_table_versions(table: pa.Table, versions: dict[str, list[tuple[int, int]]]) -> pa.Table:
+    """`table` (trail records with `table` and `src_scn`) with each DML record's
+    `table_version`: the last of its table's (scn, version) pairs at or below its
+    src_scn (archive.segments.versions_of); version 1 for a table without versions."""
+    n = len(table)
+    result = np.zeros(n, dtype=np.int32)
+    valid = np.zeros(n, dtype=bool)
+    if n:
+        names = table.column("table").combine_chunks().dictionary_encode()
+        codes = names.indices.to_numpy(zero_copy_only=False)
+        valid = ~np.asarray(pc.is_null(names.indices).to_numpy(zero_copy_only=False), dtype=bool)
+        scns = table.column("src_scn").to_numpy()
+        for code, name in enumerate(names.dictionary.to_pylist()):
+            rows = np.flatnonzero(valid & (codes == code))
+            pairs = versions.get(name) or [(0, 1)]
+            starts = np.array([scn for scn, _ in pairs], dtype=np.int64)
+            numbers = np.array([number for _, number in pairs], dtype=np.int32)
+            result[rows] = numbers[np.maximum(np.searchsorted(starts, scns[rows], side="right") - 1, 0)]
+    column = pa.array(result, pa.int32(), mask=~valid)
+    if "table_version" in table.schema.names:
+        return table.set_column(table.schema.get_field_index("table_version"), "table_version", column)
+    return table.append_column("table_version", column)
+
+
+def without_stale_lines(table: pa.Table, versions: dict[str, list[tuple[int, int]]]) -> pa.Table:
+    """`table` with no COPY line on a record of an older version than its table's latest:
+    the lines' layout (in the footer) is the latest version's."""
+    if "copy_line" not in table.schema.names or not len(table) or not versions:
+        return table
+    latest = {name: pairs[-1][1] for name, pairs in versions.items() if pairs}
+    names = table.column("table").combine_chunks().dictionary_encode()
+    wanted = np.array([latest.get(name, 1) for name in names.dictionary.to_pylist()] + [0], dtype=np.int32)
+    codes = names.indices.fill_null(len(wanted) - 1).to_numpy(zero_copy_only=False)
+    own = table.column("table_version").fill_null(0).to_numpy()
+    stale = own != wanted[codes]
+    if not stale.any():
+        return table
+    lines = pc.if_else(pa.array(stale), pa.nulls(len(table), pa.string()), table.column("copy_line"))
+    field = table.schema.field("copy_line")
+    return table.set_column(table.schema.get_field_index("copy_line"), field, lines)
 
 
 def _check_sorted(keys: list[np.ndarray]) -> None:
@@ -236,10 +286,12 @@ def transaction_indicators(csn_keys: list[np.ndarray]) -> np.ndarray:
 
 
 def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.RecordBatch], *, group: str,
-                        log_bsn: Scn, between_files=None, layouts: dict | None = None) -> Iterator[TrailFileInfo]:
+                        log_bsn: Scn, between_files=None, layouts: dict | None = None,
+                        versions: dict | None = None) -> Iterator[TrailFileInfo]:
     """Write the files of a stream of record batches sorted by (`file_no`, commit order):
     the records of file number k become trail file `first_seqno + k`, with their rbas,
-    transaction indicators and the copy lines of the tables in `layouts`. `between_files`
+    transaction indicators, table versions (`versions`: with_table_versions) and the
+    copy lines of the tables in `layouts`. `between_files`
     runs after each file but the last (a crash point). Yields each file's TrailFileInfo
     as it is written."""
     pending: list[pa.RecordBatch] = []
@@ -252,7 +304,10 @@ def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.Rec
         table = table.drop_columns(["file_no"])
         table = table.append_column("trans_ind", pa.array(transaction_indicators(keys[:len(CSN_COLUMNS)]), pa.int8()))
         table = table.append_column("rba", pa.array(np.arange(len(table), dtype=np.int64)))
-        table = with_copy_lines(table.select([name for name in COLUMNS if name != "copy_line"]), layouts or {})
+        table = table.select([name for name in COLUMNS if name not in ("copy_line", "table_version")])
+        if versions is not None:
+            table = with_table_versions(table, versions)
+        table = without_stale_lines(with_copy_lines(table, layouts or {}), versions or {})
         return write_file(prefix, first_seqno + current, table, group=group, log_bsn=log_bsn)
 
     for batch in batches:
@@ -278,9 +333,9 @@ class TrailWriter:
     lines of the tables in `layouts`."""
 
     def __init__(self, prefix: Path, start_seqno: int, *, max_bytes: int, group: str, log_bsn: Scn,
-                 layouts: dict | None = None):
+                 layouts: dict | None = None, versions: dict | None = None):
         self.prefix, self.seqno, self.max_bytes = prefix, start_seqno, max_bytes
-        self.group, self.log_bsn, self.layouts = group, log_bsn, layouts or {}
+        self.group, self.log_bsn, self.layouts, self.versions = group, log_bsn, layouts or {}, versions
         self.files: list[TrailFileInfo] = []
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
@@ -322,8 +377,10 @@ class TrailWriter:
         if len(table) == 0:
             return
         table = table.set_column(table.schema.get_field_index("rba"), "rba", pa.array(range(len(table)), pa.int64()))
+        if self.versions is not None:
+            table = with_table_versions(table, self.versions)
         if self.layouts:
-            table = with_copy_lines(table, self.layouts)
+            table = without_stale_lines(with_copy_lines(table, self.layouts), self.versions or {})
         self.files.append(write_file(self.prefix, self.seqno, table, group=self.group, log_bsn=self.log_bsn))
         self.seqno += 1
 
@@ -487,6 +544,9 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
 
 def _current(table: pa.Table) -> pa.Table:
     """Records of an older version's file in this version's columns."""
+    if "table_version" not in table.schema.names:
+        at = table.schema.get_field_index("copy_line") if "copy_line" in table.schema.names else table.num_columns
+        table = table.add_column(at, "table_version", pa.nulls(len(table), pa.int32()))
     if "copy_line" in table.schema.names:
         return table
     return table.append_column("copy_line", pa.nulls(len(table), pa.string()))

@@ -8,6 +8,7 @@ on the server or in the archive.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC
@@ -21,11 +22,12 @@ from trailbound.archive.writer import write_defs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.ggsci import utc
+from trailbound.positions import Scn
 from trailbound.metadata import connection_error, dsn_from_env
 from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
-from trailbound.sources.postgres.reader import session_options
+from trailbound.sources.postgres.reader import ROWS_PREFIX, session_options
 
 _TABLES = """
 SELECT c.oid, n.nspname, c.relname, c.relreplident,
@@ -331,6 +333,7 @@ def describe_source(config: Config, name: str) -> str:
         lines.append(f"  Time lag:       the archive reaches {lag.behind_seconds:.1f} s before the server's clock")
     else:
         lines.append(f"  Last segment:   none yet (the slot starts at scn {lag.start_scn.scn}, {lag.start_scn})")
+    lines.extend(_versions(config.archive_dir(source)))
     lines.append(f"  Open streamed transactions: {len(lag.open_streamed)}")
     for xid, txn in sorted(lag.open_streamed.items()):
         lines.append(f"    xid {xid}: first change {txn.first_time}, last archived change at {Lsn(txn.last_lsn)}"
@@ -338,13 +341,74 @@ def describe_source(config: Config, name: str) -> str:
     return "\n".join(lines)
 
 
+_JSON_AS_IS = {"smallint", "integer", "bigint", "oid", "boolean", "real", "double precision"}
+
+
+def widen_scope(connection, source: str, pg) -> list[str]:
+    """The `table:` patterns evaluated again: each table that matches them now and is
+    not in the publication yet is added to it. Its rows as they are at that moment go
+    into the WAL in the same transaction (a transactional logical message, `ROWS_PREFIX`,
+    with its definition), the table locked against writes meanwhile: the miner archives
+    them as that transaction's inserts, so the rows written before the table was
+    published are not lost and none is archived twice. A table without a primary key or
+    REPLICA IDENTITY FULL is left out (as `add source` refuses it). Returns what was added."""
+    published = {f"{schema}.{table}" for schema, table in _query(
+        connection, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (pg.publication,))}
+    tables = [SourceTable(*row) for row in _query(connection, _TABLES)]
+    new = [t for t in tables if t.qualified not in published and any(_matches(p, t.qualified) for p in pg.table)
+           and not (t.replica_identity == "n" or (t.replica_identity == "d" and not t.has_primary_key))]
+    added = []
+    for table in new:
+        (definition,) = table_definitions(connection, [table])
+        ident = sql.Identifier(table.schema, table.name)
+        values = sql.SQL(", ").join(
+            sql.SQL("{}, {}{}").format(sql.Literal(c["name"]), sql.Identifier(c["name"]),
+                                       sql.SQL("" if c["type"] in _JSON_AS_IS else "::text"))
+            for c in definition["columns"])
+        with connection.cursor() as cur:
+            cur.execute("BEGIN")
+            try:
+                cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
+                cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(pg.publication), ident))
+                cur.execute(sql.SQL("SELECT pg_logical_emit_message(true, %s, json_build_object("
+                                    "'table', %s::json, 'rows', coalesce((SELECT json_agg(json_build_object({})) "
+                                    "FROM {}), '[]'::json))::text)").format(values, ident),
+                            (ROWS_PREFIX, json.dumps(definition)))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        added.append(table.qualified)
+    return added
+
+
+def _versions(archive) -> list[str]:
+    """A line per table whose definition changed, or that entered the scope, while the
+    archive was written: its current version and the position from which it holds."""
+    try:
+        defs = archive_segments.load_defs(archive)
+    except TrailboundError:
+        return []
+    return [f"  Table {name}: version {table.latest.version} since scn {table.latest.scn} "
+            f"({Lsn.of(Scn(table.latest.scn))})" for name, table in defs.items()
+            if len(table.versions) > 1 or table.latest.scn]
+
+
 def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None = None):
     """`archive pull`: the slot's changes into archive segments (the source's DSN from
-    `dsn_env`, or `dsn`)."""
+    `dsn_env`, or `dsn`). Tables that came to match `table:` since the last pull are
+    published first (`widen_scope`)."""
     from trailbound.sources.postgres.miner import Limits, pull as run_pull
 
     source = config.source_name(name)
     pg = config.postgres(source)
+    dsn = dsn or dsn_from_env(pg.dsn_env)
     limits = Limits(pg.segment.records, pg.segment.bytes, pg.segment.seconds)
-    return run_pull(source, config.archive_dir(source), dsn or dsn_from_env(pg.dsn_env), pg.slot, pg.publication,
-                    limits, patience=patience)
+    connection = connect(config, source, dsn)
+    try:
+        added = widen_scope(connection, source, pg)
+    finally:
+        connection.close()
+    result = run_pull(source, config.archive_dir(source), dsn, pg.slot, pg.publication, limits, patience=patience)
+    result.published = added
+    return result

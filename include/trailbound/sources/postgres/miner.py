@@ -7,6 +7,16 @@ slot only at its commit, after later positions were archived; a COMMIT's scn is 
 commit LSN. Segments follow each other as the contract says (thread 1, sequence + 1,
 first_scn = previous next_scn), each written data file first, manifest last.
 
+Table versions: pgoutput sends a table's columns (a Relation message) before its first
+change in a session and again after the table changed. At the first change archived
+under columns that differ from the table's last version in defs.json (added, dropped,
+retyped, a new key, or a table not there yet), the miner records a new version from that
+record's scn, raised past every record archived before it (the contract's rule: a
+version's scn is above every scn of the versions before it). defs.json is written before
+the state and the manifest of the segment that first uses the version, so the slot is
+never confirmed past a version that is not durable; a version at or past the archive's
+end (a pull killed before that segment's manifest) is forgotten on the next start.
+
 Exactly once, whatever the slot sends again: the miner keeps, per transaction, the last
 change it archived (state.py) and skips what is at or before it; the state is written
 before each segment's manifest and names that segment, so a kill anywhere loses and
@@ -17,6 +27,7 @@ last segment's next_scn.
 from __future__ import annotations
 
 import bisect
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,9 +35,9 @@ from typing import Callable
 
 import psycopg2
 
-from trailbound.archive.segments import TableDef, load_defs
+from trailbound.archive.segments import Column, TableDef, TableVersion, load_defs
 from trailbound.archive.contract import RECORD_FIELDS
-from trailbound.archive.writer import encode_json, from_micros, to_micros, write_segment_columns
+from trailbound.archive.writer import encode_json, from_micros, to_micros, write_defs, write_segment_columns
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
 from trailbound.metadata import connection_error
@@ -35,15 +46,18 @@ from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import rowjson
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import ZERO, Lsn
-from trailbound.sources.postgres.reader import Received, SlotReader
+from trailbound.sources.postgres.reader import ROWS_PREFIX, Received, SlotReader
 from trailbound.sources.postgres.rowjson import RowJson
 from trailbound.sources.postgres.values import converter
 
 THREAD = miner_state.THREAD
+_CATALOG = ("SELECT attname, attnotnull, CASE WHEN atthasmissing THEN array_to_string(attmissingval, '') END"
+            " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped")
 
 
-class SchemaChanged(TrailboundError):
-    """A table's columns in the stream differ from defs.json (an ALTER TABLE): the pull stops."""
+# A table's columns as the current catalog has them: name -> (NOT NULL, the value rows
+# that existed before the column was added hold: attmissingval's text, or None).
+Catalog = Callable[[int], dict[str, tuple[bool, str | None]]]
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,10 @@ class _Relation:
     convert: tuple[Callable | None, ...]
     key: tuple[int, ...]      # positions of the replica identity's columns
     json: RowJson
+    sent: tuple[tuple[str, str], ...] = ()   # (name, type) as the Relation message says
+    oid: int = 0
+    full: bool = False        # REPLICA IDENTITY FULL: keyed by every column, as defs.json says
+    resolved: bool = False    # compared with the table's last version (at its first archived change)
     key_columns: tuple[str, ...] = field(init=False)
     key_convert: tuple[Callable | None, ...] = field(init=False)
 
@@ -114,6 +132,8 @@ class PullResult:
     next_scn: Lsn = ZERO
     confirmed: Lsn | None = None
     open_streamed: int = 0
+    new_versions: list[str] = field(default_factory=list)
+    published: list[str] = field(default_factory=list)   # tables that entered the publication in this pull
 
     def describe(self) -> str:
         written = (f"segments {self.segments[0]}..{self.segments[-1]}" if len(self.segments) > 1 else
@@ -122,16 +142,25 @@ class PullResult:
         return (f"Source {self.source}: pulled {self.changes} change(s), {self.commits} commit(s), "
                 f"{self.rollbacks} rollback(s) ({self.resent} re-sent message(s) skipped); {written}; "
                 f"next_scn {self.next_scn.scn} ({self.next_scn}); {confirmed}; "
-                f"{self.open_streamed} streamed transaction(s) open")
+                f"{self.open_streamed} streamed transaction(s) open"
+                + (f"; published {', '.join(self.published)}" if self.published else "")
+                + (f"; new table version(s): {', '.join(self.new_versions)}" if self.new_versions else ""))
 
 
 class Miner:
     """Turns decoded messages into records, cutting segments as the limits say."""
 
     def __init__(self, archive: Path, defs: dict[str, TableDef], limits: Limits, state: miner_state.MinerState,
-                 type_name: Callable[[int, int], str], result: PullResult):
-        self.archive, self.defs, self.limits, self.state = archive, defs, limits, state
+                 type_name: Callable[[int, int], str], result: PullResult, catalog: Catalog | None = None):
+        self.archive, self.limits, self.state = archive, limits, state
+        # A version at or past the archive's end was recorded by a pull killed before the
+        # manifest of the segment that first used it: it never held.
+        self.defs = {name: _born(table, state.next_scn.value) for name, table in defs.items()
+                     if table.versions[0].scn < state.next_scn.value or not table.versions[0].scn}
+        self.defs_changed = self.defs != defs
+        self.new_versions: list[str] = []  # "table vN" recorded in this pull
         self.type_name = type_name
+        self.catalog = catalog or (lambda oid: {})
         self.result = result
         self.relations: dict[int, _Relation] = {}
         self.tuple_readers: dict[int, Callable] = {}  # relation oid -> its RowJson.pieces
@@ -180,7 +209,9 @@ class Miner:
             self._relation(message, received.lsn if received.lsn != ZERO else Lsn(self.last_lsn))
         elif isinstance(message, d.Truncate):
             self._change(message, received)
-        # Type, Origin and logical Message carry nothing the archive holds.
+        elif isinstance(message, d.Message) and message.prefix == ROWS_PREFIX and message.flags & 1:
+            self._rows_of_a_new_table(message, received)
+        # Type, Origin and any other logical Message carry nothing the archive holds.
         self._cut_if_full()
 
     def handle_raw(self, lsn: int, sent: datetime, data: bytes, decoding: d.Decoder) -> None:
@@ -199,6 +230,8 @@ class Miner:
             txn, ts = admitted
             xid, parent = self._account(txn, lsn, sent_xid)
             relation = self.relations[oid]
+            if not relation.resolved:
+                self._resolve(relation, lsn)
             if kind == 0x49:  # 'I'
                 op, before, after = "INSERT", None, rowjson.image(new)
             elif kind == 0x55:  # 'U': the old key ('K', the key changed), the old row ('O'), else the new key
@@ -213,21 +246,72 @@ class Miner:
         self._cut_if_full()
 
     def _relation(self, message: d.Relation, lsn: Lsn) -> None:
+        """A table's columns as of the changes that follow: its readers are built again
+        (rowjson's per-relation reader included); whether they make a new version is
+        decided at its first change the archive does not hold yet (`_resolve`)."""
         name = f"{message.namespace}.{message.name}"
-        sent = [(c.name, self.type_name(c.type_oid, c.type_modifier)) for c in message.columns]
-        table = self.defs.get(name)
-        known = [(c.name, c.type) for c in table.columns] if table else None
-        if sent != known:
-            what = "is not in defs.json" if table is None else \
-                f"has columns {_columns(sent)} in the stream, defs.json says {_columns(known)}"
-            raise SchemaChanged(f"table {name} {what} (at LSN {lsn}): the pull stopped before it and confirmed "
-                                "nothing past it; see docs/live-postgres.md, \"When a table changes\"")
+        sent = tuple((c.name, self.type_name(c.type_oid, c.type_modifier)) for c in message.columns)
         names = tuple(c.name for c in message.columns)
         key = tuple(i for i, c in enumerate(message.columns) if c.is_key)
         self.relations[message.oid] = _Relation(
             name, names, tuple(converter(c.type_oid) for c in message.columns), key,
-            RowJson(names, tuple(c.type_oid for c in message.columns), key))
+            RowJson(names, tuple(c.type_oid for c in message.columns), key), sent, message.oid,
+            message.replica_identity == "f")
         self.tuple_readers[message.oid] = self.relations[message.oid].json.pieces
+
+    def _resolve(self, relation: _Relation, lsn: int) -> None:
+        """The relation's first change to archive: a new version of its table when its
+        columns or key differ from the last one, from this record's scn on."""
+        relation.resolved = True
+        table = self.defs.get(relation.name)
+        # REPLICA IDENTITY FULL flags every column: the key stays what defs.json says
+        key = (table.key if table is not None else ()) if relation.full else relation.key_columns
+        if table is not None and tuple((c.name, c.type) for c in table.columns) == relation.sent \
+                and table.key == key:
+            return
+        known = {c.name: c for c in table.columns} if table else {}
+        catalog = self.catalog(relation.oid)
+        columns = tuple(known[name] if name in known and known[name].type == kind else
+                        Column(name, kind, not catalog.get(name, (False, None))[0],
+                               None if name in known else catalog.get(name, (False, None))[1])
+                        for name, kind in relation.sent)
+        self._new_version(relation.name, columns, key, lsn)
+
+    def _new_version(self, name: str, columns: tuple[Column, ...], key: tuple[str, ...], lsn: int) -> None:
+        # Above every scn archived so far: a record of the old version never shares its scn.
+        scn = max(lsn, self.floor + 1)
+        self.floor = scn
+        table = self.defs.get(name)
+        self.defs[name] = (table.with_version(columns, key, scn) if table is not None else
+                           TableDef(name, columns, key, (_first_version(columns, key, scn),)))
+        self.defs_changed = True
+        self.new_versions.append(f"{name} v{self.defs[name].latest.version}")
+
+    def _rows_of_a_new_table(self, message: d.Message, received: Received) -> None:
+        """A table entering the publication (admin.widen_scope): its definition, and its
+        rows as they were when it was published, archived as inserts of the transaction
+        that published it, the first of them under the table's new version."""
+        document = json.loads(message.content)
+        definition = document["table"]
+        name = definition["name"]
+        columns = tuple(Column(c["name"], c["type"], bool(c["nullable"])) for c in definition["columns"])
+        key = tuple(definition["key"])
+        lsn = received.lsn.value
+        first = True
+        for row in document["rows"] or [None]:
+            admitted = self._admit(lsn, received.sent)
+            if admitted is None:
+                continue
+            table = self.defs.get(name)
+            if first and (table is None or (table.columns, table.key) != (columns, key)):
+                self._new_version(name, columns, key, lsn)
+            first = False
+            if row is None:  # an empty table: its version alone
+                continue
+            txn, ts = admitted
+            xid, parent = self._account(txn, lsn, None)
+            self._emit(lsn, ts, xid, parent, "INSERT", name, None, encode_json(row))
+            self.result.changes += 1
 
     def _change(self, message, received: Received) -> None:
         lsn = received.lsn.value
@@ -241,6 +325,8 @@ class Miner:
                 self._emit(lsn, ts, xid, parent, "TRUNCATE", self.relations[oid].name, None, None)
         else:
             relation = self.relations[message.relation_oid]
+            if not relation.resolved:
+                self._resolve(relation, lsn)
             before, after = _images(relation, message)
             self._emit(lsn, ts, xid, parent, _OPS[type(message)], relation.name, before, after)
         self.result.changes += 1
@@ -364,6 +450,9 @@ class Miner:
         next_time = max(times)
         state.sequence += 1
         state.next_scn, state.next_time = next_scn, next_time
+        if self.defs_changed:  # before the state and the manifest: the versions this segment uses
+            write_defs(self.archive, [table.as_json() for table in self.defs.values()])
+            self.defs_changed = False
         miner_state.save(self.archive, state)   # before the manifest: it describes this segment
         write_segment_columns(self.archive, thread=THREAD, sequence=state.sequence, columns=self.records,
                               first_scn=first_scn.scn, next_scn=next_scn.scn, first_time=first_time,
@@ -382,8 +471,16 @@ class Miner:
             self.cut(target, now)
 
 
-def _columns(columns) -> str:
-    return "(" + ", ".join(f"{name} {kind}" for name, kind in columns) + ")"
+def _born(table: TableDef, end: int) -> TableDef:
+    """`table` without the versions at or past `end`, the archive's end."""
+    kept = tuple(v for v in table.versions if v.scn < end or v.version == 1)
+    if kept == table.versions:
+        return table
+    return TableDef(table.name, kept[-1].columns, kept[-1].key, kept)
+
+
+def _first_version(columns, key, scn: int) -> TableVersion:
+    return TableVersion(1, scn, columns, key)
 
 
 def _image(names: tuple[str, ...], converts: tuple, values) -> str:
@@ -434,17 +531,19 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
                     types[oid, modifier] = reader.query("SELECT format_type(%s, %s)", (oid, modifier))[0][0]
                 return types[oid, modifier]
 
+            def catalog(oid: int) -> dict[str, tuple[bool, str | None]]:
+                # Today's catalog, asked only when a table gets a new version: its NOT NULL
+                # and the value its rows from before a column was added hold.
+                return {name: (not_null, missing) for name, not_null, missing in reader.query(_CATALOG, (oid,))}
+
             if reader.confirmed_at_start is not None:
                 state.forget_ended_before(reader.confirmed_at_start)
-            miner = Miner(archive, defs, limits, state, type_name, result)
+            miner = Miner(archive, defs, limits, state, type_name, result, catalog)
             decoding = d.Decoder()
-            try:
-                for position, sent, data in reader.messages(until, patience=patience):
-                    miner.handle_raw(position, sent, data, decoding)
-            except SchemaChanged:
-                _close(miner, reader, result, started)
-                raise
+            for position, sent, data in reader.messages(until, patience=patience):
+                miner.handle_raw(position, sent, data, decoding)
             _close(miner, reader, result, started)
+            result.new_versions = miner.new_versions
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:  # the connection, not a refusal
         if position is None:  # the source cannot be reached (the driver's text may quote the DSN)
             raise connection_error(f"source {source}", dsn, exc) from None

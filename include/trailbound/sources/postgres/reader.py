@@ -43,6 +43,10 @@ SESSION_OPTIONS = {
     "extra_float_digits": "3",
     "wal_sender_timeout": "0",  # no reply requests: psycopg2 would answer them with a flush position of its own
 }
+# The transactional logical message in which a table entering the publication brings its
+# rows (admin.widen_scope; the miner archives them as inserts): the slot is asked to send
+# logical messages for it.
+ROWS_PREFIX = "trailbound.rows"
 _NEVER = 10 * 365 * 86400  # seconds: psycopg2's periodic feedback, effectively off
 
 
@@ -144,7 +148,8 @@ class SlotReader:
             try:
                 self.cursor.start_replication(
                     slot_name=self.slot, decode=False, start_lsn=0, status_interval=_NEVER,
-                    options={"proto_version": "2", "publication_names": self.publication, "streaming": "on"})
+                    options={"proto_version": "2", "publication_names": self.publication, "streaming": "on",
+                             "messages": "true"})
                 break
             except psycopg2.errors.UndefinedObject:
                 self.replication.close()
