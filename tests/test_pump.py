@@ -297,6 +297,11 @@ def test_purge_deletes_exactly_the_files_every_reader_has_passed(tmp_path, store
     assert {"kind": "replicat", "group": "REP9", "seqno": 2, "rba": 1, "registered": True} in logged["readers"]
     assert "every reader has passed it" in logged["reason"]
     assert _purged(store, str(tmp_path / "remote" / "rt")) == []
+    # logdump on the purged file says it was purged, when and why, not "Failed to open".
+    assert cli.main(["--config", str(config_path), "logdump", str(source.prefix) + "000000001"]) == 1
+    said = capsys.readouterr().err
+    assert "purged at " in said and " UTC by the trail purge (every reader has passed it" in said, said
+    assert "seqno 1 of trail" in said and "Errno" not in said and said.count("\n") == 1
 
     set_reader(store, lt, "replicat", "REP9", 4, 0)           # REP9 now in file 4, nothing of it read
     purge_trails(store, config)

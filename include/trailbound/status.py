@@ -69,6 +69,8 @@ class LagPoint:
 
     at: datetime            # wall time the run committed
     lag: timedelta
+    airflow_dag_id: str | None = None   # the Airflow DAG run whose task committed it (None: the CLI)
+    airflow_run_id: str | None = None
 
 
 def _now(now: datetime | None) -> datetime:
@@ -179,7 +181,8 @@ def open_transactions(store: MetadataStore, config: Config, group: str) -> list[
 
 def lag_history(store: MetadataStore, program: str, group: str, limit: int = 200) -> list[LagPoint]:
     """Lag at checkpoint of a group's last committed runs, oldest first (from the stage's
-    history table: extract_run's read time, replicat's applied CSN, pump's shipped CSN)."""
+    history table: extract_run's read time, replicat's applied CSN, pump's shipped CSN),
+    each with the Airflow DAG run that committed it, when a task did (runlog.committed_by)."""
     name = group.upper()
     points = []
     with store.transaction() as cur:
@@ -195,5 +198,11 @@ def lag_history(store: MetadataStore, program: str, group: str, limit: int = 200
             cur.execute(query, (name, limit))
             points = [(r["ended_at"], commit_time(cur, Csn.parse(r["csn"])) if r["csn"] else None)
                       for r in cur.fetchall()]
-    return [LagPoint(at, _lag(at, log_time)) for at, log_time in reversed(points) if log_time is not None]
+        found = []
+        for at, log_time in reversed(points):
+            if log_time is None:
+                continue
+            run = runlog.committed_by(cur, program, name, at)
+            found.append(LagPoint(at, _lag(at, log_time), run and run.airflow_dag_id, run and run.airflow_run_id))
+    return found
 

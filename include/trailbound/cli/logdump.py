@@ -16,6 +16,8 @@ def logdump(ctx: Context) -> int:
     from trailbound.trail import format as trail
 
     path = Path(ctx.args.file)
+    if not path.exists() and "://" not in ctx.args.file:
+        raise TrailboundError(_missing(ctx, path))
     seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
     records = trail.read_file(path).num_rows
     if ctx.args.from_rba >= max(records, 1):
@@ -34,6 +36,24 @@ def logdump(ctx: Context) -> int:
                   f"{record['commit_ts'].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC  xid {record['xid']!r}  "
                   f"{record['op']:<8} {record['table']}  before={record['before']}  after={record['after']}")
     return 0
+
+
+def _missing(ctx: Context, path: Path) -> str:
+    """Why a trail file is not there: purged (when, and why), as the trail catalog
+    remembers; else that there is no such file."""
+    from trailbound.ggsci import utc
+    from trailbound.trail import catalog
+
+    try:
+        with ctx.store.transaction() as cur:
+            row = catalog.purged_file(cur, {str(path), str(path.absolute()), str(path.resolve())})
+    except TrailboundError:
+        row = None  # no configuration or metadata store to ask: the file is simply not there
+    if row is None:
+        return f"{path}: no such file"
+    reason = f" ({row['reason']})" if row["reason"] else ""
+    return (f"{path}: purged at {utc(row['purged_at'])} by the trail purge{reason}: seqno {row['seqno']} of trail "
+            f"{row['trail']}, {row['records']} record(s), is gone from disk")
 
 
 def arguments(verbs) -> None:
