@@ -389,7 +389,7 @@ def test_add_info_and_delete_pump_and_a_pump_that_needs_a_purged_file(tmp_path, 
     assert main("purge", "trails") == 0
     assert _purged(store, str(source.prefix)) == [1]
     assert main("pump", "run", "pmp1") == 0
-    assert "wrote 4 records to 2 file(s)" in capsys.readouterr().out
+    assert "wrote 2 transactions (4 records) to 2 file(s)" in capsys.readouterr().out
     assert main("info", "pump", "PMP1", "--showch", "3") == 0
     shown = capsys.readouterr().out
     for expected in ("Status STOPPED", "Read Checkpoint      Seqno 3, RBA 2", "Write Checkpoint     Seqno 2, RBA 2",
