@@ -129,13 +129,22 @@ def test_command_line_frictions(tmp_path, store, capsys, monkeypatch):
     assert "quote the wildcard: trailbound info extract '*'" in capsys.readouterr().err
 
 
-def test_info_all_lists_every_configured_group_and_wildcards_match_them(tmp_path, store, capsys, monkeypatch):
+def test_info_all_lists_every_group_configured_or_known_to_the_store_and_wildcards_match_them(tmp_path, store, capsys, monkeypatch):
     new_archive(tmp_path)
     config_path = write_config(tmp_path)
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     assert cli.main(tb(config_path, "info", "all")) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("EXTRACT")]
     assert line.split()[:3] == ["EXTRACT", "STOPPED", "EXT1"] and line.endswith("(not added yet)")
+    # A group another configuration added to the same store is listed too, marked.
+    assert cli.main(tb(config_path, "add", "extract", "EXT1")) == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(config_path.read_text().replace("EXT1:", "EXT2:"))
+    capsys.readouterr()
+    assert cli.main(tb(other, "info", "all")) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("EXTRACT")]
+    assert [x.split()[2] for x in lines] == ["EXT1", "EXT2"], lines
+    assert lines[0].endswith("(not in this configuration)") and lines[1].endswith("(not added yet)")
     assert cli.main(tb(config_path, "info", "extract", "X*")) == 1
     assert "no extract group matching 'X*' is added" in capsys.readouterr().err
 

@@ -44,6 +44,7 @@ class GroupStatus:
     error: str | None = None         # ABENDED: what the last run said
     error_time: datetime | None = None
     last_run: runlog.RunOutcome | None = None
+    configured: bool = True          # False: the metadata store knows it, the configuration in force does not
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,10 @@ def commit_time(cur, csn: Csn) -> datetime | None:
 
 def info_all(store: MetadataStore, config: Config, *, now: datetime | None = None,
              pattern: str = "*", programs: tuple[str, ...] = PROGRAMS) -> list[GroupStatus]:
-    """Every configured or added group of the given programs whose name matches `pattern`
-    (GGSCI wildcards: * and ?), extracts first, then pumps, then replicats."""
+    """Every group of the given programs whose name matches `pattern` (GGSCI wildcards: *
+    and ?) that the configuration names or the metadata store knows (added, or with a
+    recorded run: another configuration's groups on the same store too, marked not
+    configured), extracts first, then pumps, then replicats."""
     now = _now(now)
     outcomes = runlog.last_outcomes(store)
     rows: dict[str, dict[str, dict]] = {}
@@ -132,15 +135,17 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
 
     found = []
     for program in programs:
-        names = {name.upper(): name for name in configured[program]}
+        names = {group: group for kind, group in outcomes if kind == program}
         names.update({key: row["group_name"] for key, row in rows[program].items()})
+        names.update({name.upper(): name for name in configured[program]})
+        in_config = {name.upper() for name in configured[program]}
         for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
             name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
             state = runlog.group_state(store, program, name, last)
             status, error, error_time = state.status, state.error, state.error_time
             if row is None:
                 found.append(GroupStatus(program, name, status, False, None, None, None, None, error, error_time,
-                                         last))
+                                         last, key in in_config))
                 continue
             if program == "extract":
                 checkpoint, log_time = row["last_run_end"], row["read_ts"]
@@ -149,7 +154,8 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
             else:
                 checkpoint, log_time = row["updated_at"], row["audit_ts"]
             found.append(GroupStatus(program, name, status, True, checkpoint, _lag(checkpoint, log_time),
-                                     _since(now, checkpoint), row["last_started"], error, error_time, last))
+                                     _since(now, checkpoint), row["last_started"], error, error_time, last,
+                                     key in in_config))
     return found
 
 

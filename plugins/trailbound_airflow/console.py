@@ -252,7 +252,9 @@ def render(snap: Snapshot) -> str:
         links = " ".join(f"<a href='../dags/{e(d)}/runs'>{e(d)}</a>" for d in snap.dags.get((g.program, g.group), []))
         error = f"{_utc(g.error_time)}: {e(g.error)}" if g.error else ""
         out.append(f"<tr class='group {g.status}' data-group='{e(g.group)}'><td>{g.program.upper()}</td>"
-                   f"<td class='status'>{g.status}</td><td>{e(g.group)}</td><td class='lag'>{_hms(g.lag)}</td>"
+                   f"<td class='status'>{g.status}</td><td>{e(g.group)}"
+                   f"{'' if g.configured else ' <span class=muted>(not in this configuration)</span>'}</td>"
+                   f"<td class='lag'>{_hms(g.lag)}</td>"
                    f"<td>{_hms(g.since_checkpoint)}</td><td>{_utc(g.checkpoint_time) or 'not added yet'}</td>"
                    f"<td class='error'>{error}</td><td>{links}</td></tr>")
     out.append("</table><p class='muted'>Lag at Chkpt: the checkpoint's wall time minus the log time of the last "
