@@ -136,8 +136,8 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
     found = []
     for program in programs:
         names = {group: group for kind, group in outcomes if kind == program}
-        names.update({key: row["group_name"] for key, row in rows[program].items()})
         names.update({name.upper(): name for name in configured[program]})
+        names.update({key: row["group_name"] for key, row in rows[program].items()})
         in_config = {name.upper() for name in configured[program]}
         for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
             name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
