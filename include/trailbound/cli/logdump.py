@@ -16,8 +16,8 @@ def logdump(ctx: Context) -> int:
     from trailbound.trail import format as trail
 
     path = Path(ctx.args.file)
-    if not path.exists() and "://" not in ctx.args.file:
-        raise TrailboundError(_missing(ctx, path))
+    if not path.exists() and "://" not in ctx.args.file and (purged := _purged(ctx, path)):
+        raise TrailboundError(purged)
     seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
     records = trail.read_file(path).num_rows
     if ctx.args.from_rba >= max(records, 1):
@@ -38,9 +38,9 @@ def logdump(ctx: Context) -> int:
     return 0
 
 
-def _missing(ctx: Context, path: Path) -> str:
-    """Why a trail file is not there: purged (when, and why), as the trail catalog
-    remembers; else that there is no such file."""
+def _purged(ctx: Context, path: Path) -> str | None:
+    """What to say of a file the trail purge deleted (when, and why), as the trail catalog
+    remembers it; None when it was not purged (the read then says the file is not there)."""
     from trailbound.ggsci import utc
     from trailbound.trail import catalog
 
@@ -48,9 +48,9 @@ def _missing(ctx: Context, path: Path) -> str:
         with ctx.store.transaction() as cur:
             row = catalog.purged_file(cur, {str(path), str(path.absolute()), str(path.resolve())})
     except TrailboundError:
-        row = None  # no configuration or metadata store to ask: the file is simply not there
+        return None  # no configuration or metadata store to ask
     if row is None:
-        return f"{path}: no such file"
+        return None
     reason = f" ({row['reason']})" if row["reason"] else ""
     return (f"{path}: purged at {utc(row['purged_at'])} by the trail purge{reason}: seqno {row['seqno']} of trail "
             f"{row['trail']}, {row['records']} record(s), is gone from disk")

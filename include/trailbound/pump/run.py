@@ -161,7 +161,7 @@ class _Run:
         if self.patterns is None:
             local = self._local_copy(row)
             expected, records, bytes_ = row["sha256"], row["records"], row["bytes"]
-            transactions = trails.count_transactions(local)
+            transactions = None  # counted once the copy is verified: a damaged file is named first
             first_csn, last_csn = Csn.parse(row["first_csn"]), Csn.parse(row["last_csn"])
         else:
             table = trails.read_file(row["path"], fs=self.source_fs, sha256=row["sha256"])
@@ -176,6 +176,8 @@ class _Run:
             transactions = trails.transactions_in(kept)
             first_csn, last_csn = info.first_csn, info.last_csn
         self._copy_verified(local, expected, records, bytes_, target, row)
+        if transactions is None:
+            transactions = trails.count_transactions(local)
         remote = trails.TrailFileInfo(remote_seqno, target, records, bytes_, expected, first_csn, last_csn,
                                       log_bsn)
         self._commit(row, remote, last_csn)
