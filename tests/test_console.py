@@ -88,13 +88,63 @@ def test_a_killed_run_is_abended_and_a_refused_one_changes_nothing(tmp_path, spa
     assert status.info_all(store, config)[0].status == "STOPPED"
 
 
-def test_info_all_lists_every_configured_group_and_wildcards_match_them(tmp_path, store, capsys, monkeypatch):
+def test_each_lag_point_names_the_airflow_run_that_committed_it(tmp_path, spark, store, monkeypatch):
+    """The task passes its DAG run (--airflow-run); the console links each point to it."""
+    archive = new_archive(tmp_path)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    runs = [("capture_ext1", "scheduled__2026-11-01T01:00:00+00:00"), None,
+            ("capture_ext1", "manual__2026-11-01T03:00:00+00:00")]
+    for n, run in enumerate(runs):
+        archive.segment(1, [ins(100 * n + 10, f"T{n}", n + 1), rec(100 * n + 20, f"T{n}", "COMMIT")], 100 * (n + 1))
+        assert cli.main(tb(config_path, "extract", "run", "EXT1", *(["--airflow-run", *run] if run else []))) == 0
+    points = status.lag_history(store, "extract", "EXT1")
+    assert [(p.airflow_dag_id, p.airflow_run_id) for p in points] == [run or (None, None) for run in runs]
+    assert [o.airflow_run_id for o in runlog.history(store, "extract", "EXT1")] == [
+        run and run[1] for run in reversed(runs)]
+
+
+def test_command_line_frictions(tmp_path, store, capsys, monkeypatch):
+    new_archive(tmp_path)
+    config_path = write_config(tmp_path)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    # An unknown group is said before any JVM starts: with no Java at all, the error is ours.
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "trailbound.cli", "--config", str(config_path), "extract", "run",
+                           "NOPE"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("ERROR no extract named 'NOPE'"), done.stderr
+    assert "java" not in done.stderr.lower()
+    # --config after the verb, as well as before it.
+    assert cli.main(["info", "all", "--config", str(config_path)]) == 0
+    assert "EXTRACT" in capsys.readouterr().out
+    # An unquoted `info extract *` the shell expanded into the file names here.
+    monkeypatch.chdir(tmp_path)
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert len(names) >= 2
+    assert cli.main(tb(config_path, "info", "extract", *names)) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"ERROR trailbound info extract: {len(names)} words where one group name goes") and \
+        "the shell expanded an unquoted * or ?" in said and "trailbound info extract '*'" in said, said
+    assert cli.main(tb(config_path, "info", "extract", names[0])) == 1, "one file: the shell's * in a directory of one"
+    assert "quote the wildcard: trailbound info extract '*'" in capsys.readouterr().err
+
+
+def test_info_all_lists_every_group_configured_or_known_to_the_store_and_wildcards_match_them(tmp_path, store, capsys, monkeypatch):
     new_archive(tmp_path)
     config_path = write_config(tmp_path)
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     assert cli.main(tb(config_path, "info", "all")) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("EXTRACT")]
     assert line.split()[:3] == ["EXTRACT", "STOPPED", "EXT1"] and line.endswith("(not added yet)")
+    # A group another configuration added to the same store is listed too, marked.
+    assert cli.main(tb(config_path, "add", "extract", "EXT1")) == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(config_path.read_text().replace("EXT1:", "EXT2:"))
+    capsys.readouterr()
+    assert cli.main(tb(other, "info", "all")) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("EXTRACT")]
+    assert [x.split()[2] for x in lines] == ["EXT1", "EXT2"], lines
+    assert lines[0].endswith("(not in this configuration)") and lines[1].endswith("(not added yet)")
     assert cli.main(tb(config_path, "info", "extract", "X*")) == 1
     assert "no extract group matching 'X*' is added" in capsys.readouterr().err
 
@@ -156,26 +206,29 @@ def test_the_long_transaction_alert_reaches_a_users_notifier_with_group_xid_age_
 def test_the_view_renders_every_section_with_utc_times_and_relative_links():
     from datetime import datetime, timedelta, timezone
 
-    from trailbound_airflow.console import DagRunWindow, Snapshot, render
+    from trailbound_airflow.console import Snapshot, render
 
     now = datetime(2026, 11, 23, 1, 0, tzinfo=timezone.utc)
     point = status.LagPoint
     snap = Snapshot(now=now, groups=[status.GroupStatus("replicat", "REP1", "ABENDED", True, now, timedelta(seconds=5),
                                                         timedelta(seconds=60), None, "target <gone>", now)],
-                    lags={("replicat", "REP1"): [point(now - timedelta(hours=1), timedelta(seconds=50)),
-                                                 point(now, timedelta(seconds=5))]},
-                    dags={("replicat", "REP1"): ["replicat_rep1"]},
-                    # The run that committed the newest point; the older point has none (a CLI run).
-                    runs={"replicat_rep1": [DagRunWindow("replicat_rep1", "scheduled__2026-11-23T00:00:00+00:00",
-                                                         now - timedelta(minutes=2), now + timedelta(seconds=1))]})
+                    # Two runs committed by DAG runs (each recorded its own), one from the CLI.
+                    lags={("replicat", "REP1"): [
+                        point(now - timedelta(hours=2), timedelta(seconds=70), "replicat_rep1",
+                              "scheduled__2026-11-22T23:00:00+00:00"),
+                        point(now - timedelta(hours=1), timedelta(seconds=50)),
+                        point(now, timedelta(seconds=5), "replicat_rep1", "scheduled__2026-11-23T00:00:00+00:00")]},
+                    dags={("replicat", "REP1"): ["replicat_rep1"]})
     page = render(snap)
     assert "2026-11-23 01:00:00 UTC: target &lt;gone&gt;" in page, "escaped, with its zone"
     assert "href='../dags/replicat_rep1/runs'" in page and "href='../dags/control'" in page
-    # Each point of the lag chart links to the DAG run behind it, when there is one.
+    # Each point of the lag chart links to its own DAG run, when one committed it.
     chart = page.split("<svg class=\"lag\"")[1].split("</svg>")[0]
-    assert chart.count("<circle") == 2 and chart.count("<a href=") == 1, chart
+    assert chart.count("<circle") == 3 and chart.count("<a href=") == 2, chart
     assert 'href="../dags/replicat_rep1/runs/scheduled__2026-11-23T00%3A00%3A00%2B00%3A00"' in chart
+    assert 'href="../dags/replicat_rep1/runs/scheduled__2026-11-22T23%3A00%3A00%2B00%3A00"' in chart
     assert "DAG run replicat_rep1 scheduled__2026-11-23T00:00:00+00:00" in chart
+    assert "a run from the command line" in chart
     assert "<polyline" in page and "http" not in page.replace("http-equiv", ""), "no absolute URL, no CDN"
 
 

@@ -148,7 +148,10 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
     config_path = write_config(tmp_path)
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     monkeypatch.delenv("TRAILBOUND_TARGET_DSN", raising=False)
-    assert cli.main(["--config", str(config_path), "extract", "run", "EXT1"]) == 0
+    # Runs as the capture DAG's tasks start them: each names its own DAG run.
+    first_run, second_run = "scheduled__2026-11-01T02:00:00+00:00", "scheduled__2026-11-01T04:00:00+00:00"
+    assert cli.main(["--config", str(config_path), "extract", "run", "EXT1", "--airflow-run", "capture_ext1",
+                     first_run]) == 0
     assert cli.main(["--config", str(config_path), "replicat", "run", "REP1"]) == 1  # no target database
 
     world = AirflowWorld(tmp_path, config_path, store.connection.dsn, "")
@@ -208,11 +211,19 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         # A capture run reads two more hours of log: the lag the view shows moves, and the
         # trigger finds OLDTX open for almost four hours.
         archive.segment(1, [ins(7300, "B", 3), rec(7310, "B", "COMMIT")], 14400)
-        assert cli.main(["--config", str(config_path), "extract", "run", "EXT1"]) == 0
+        assert cli.main(["--config", str(config_path), "extract", "run", "EXT1", "--airflow-run", "capture_ext1",
+                         second_run]) == 0
         driver.refresh()
         wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
         moved = group_row(driver, "EXT1")
         assert moved["lag"] != ext1["lag"] and moved["checkpoint"] != ext1["checkpoint"]
+        # Each point of EXT1's lag chart links to its own DAG run, not all to the last one.
+        [chart] = [f for f in driver.find_elements(By.CSS_SELECTOR, "#lag ~ .grid figure")
+                   if f.find_element(By.TAG_NAME, "figcaption").text == "EXTRACT EXT1"]
+        links = [a.get_dom_attribute("href") for a in chart.find_elements(By.CSS_SELECTOR, "svg a")]
+        assert len(links) == 2 == len(set(links)), links
+        assert links[0].endswith("/dags/capture_ext1/runs/scheduled__2026-11-01T02%3A00%3A00%2B00%3A00"), links
+        assert links[1].endswith("/dags/capture_ext1/runs/scheduled__2026-11-01T04%3A00%3A00%2B00%3A00"), links
         artifact = REPO / "var" / "artifacts" / "console-view.png"
         artifact.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(artifact))

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg2.extensions
@@ -23,7 +23,7 @@ from capture_kit import T0, committed_trail, transactions
 from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
 from process_kit import stop_process_groups
 from test_bounded_recovery import long_running_archive
-from trailbound import cli
+from trailbound import cli, runlog, status
 from trailbound import config as configuration
 from trailbound import dagfiles
 from trailbound.trail import format as trail
@@ -315,7 +315,8 @@ class AirflowWorld:
 RUN_END = "TRAILBOUND-TEST-RUN-END "
 # One Airflow process per world: reads requests, one JSON line each, and ends each one's
 # output with a line naming its state. ["test", dag_id, logical date, conf] runs the DAG
-# as `airflow dags test` does (airflow/cli/commands/dag_command.py: dag_test); ["cli",
+# as the demos do (trailbound_airflow.dagtest: `airflow dags test`'s DAG.test, the run's
+# real start recorded); ["cli",
 # args] runs `airflow *args` as airflow/__main__.py does. The world's environment (set
 # before its first request) is the process's.
 AIRFLOW_RUNNER = f"""
@@ -323,14 +324,14 @@ import json, sys
 from datetime import datetime
 from airflow.cli import cli_parser
 from airflow.configuration import write_default_airflow_configuration_if_needed
-from airflow.utils.cli import get_bagged_dag
+from trailbound_airflow.dagtest import test_run
 
 for line in sys.stdin:
     kind, *request = json.loads(line)
     try:
         if kind == "test":
             dag_id, logical_date, conf = request
-            run = get_bagged_dag(None, dag_id).test(logical_date=datetime.fromisoformat(logical_date), run_conf=conf)
+            run = test_run(dag_id, datetime.fromisoformat(logical_date), conf)
             state = getattr(run.state, "value", str(run.state))
         else:
             write_default_airflow_configuration_if_needed()
@@ -392,6 +393,23 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
         state, output = world.dags_test(dag_id, 8)
         assert state == "success", f"{dag_id}: {output[-3000:]}"
     assert "PASSED: 1 target tables against truth.json (complete state)" in output
+    # Each run of a stage records its own DAG run (the console links each lag point to it),
+    # and Airflow shows each DAG run's real start, not its logical date weeks ago.
+    with sqlite3.connect(world.home / "airflow.db") as airflow_db:
+        dag_runs = airflow_db.execute("SELECT dag_id, run_id, start_date, end_date FROM dag_run WHERE dag_id IN"
+                                      " ('capture_ext1', 'pump_pmp1', 'replicat_rep1')").fetchall()
+    recorded = {(kind, run.airflow_dag_id, run.airflow_run_id) for kind, group in
+                (("extract", "EXT1"), ("pump", "PMP1"), ("replicat", "REP1")) for run in runlog.history(store, kind, group)}
+    assert recorded == {({"capture_ext1": "extract", "pump_pmp1": "pump", "replicat_rep1": "replicat"}[dag_id],
+                         dag_id, run_id) for dag_id, run_id, _, _ in dag_runs}, (recorded, dag_runs)
+    assert len(dag_runs) == 6
+    now = datetime.now(timezone.utc)
+    for dag_id, run_id, start, end in dag_runs:
+        start, end = (datetime.fromisoformat(t).replace(tzinfo=timezone.utc) for t in (start, end))
+        assert now - timedelta(minutes=30) < start <= end <= now, (dag_id, run_id, start, end)
+    points = status.lag_history(store, "replicat", "REP1")
+    assert len({p.airflow_run_id for p in points}) == len(points) == 2 and None not in {p.airflow_run_id
+                                                                                         for p in points}
     written = [xid for xid, _ in transactions(committed_trail(store, world.config))]
     assert written == ["S0", "S1", "S2", "S3", "S4", "S5", "S6", "S7", "LONG"], \
         "the skipped transaction never reaches the trail"

@@ -297,6 +297,11 @@ def test_purge_deletes_exactly_the_files_every_reader_has_passed(tmp_path, store
     assert {"kind": "replicat", "group": "REP9", "seqno": 2, "rba": 1, "registered": True} in logged["readers"]
     assert "every reader has passed it" in logged["reason"]
     assert _purged(store, str(tmp_path / "remote" / "rt")) == []
+    # logdump on the purged file says it was purged, when and why, not "Failed to open".
+    assert cli.main(["--config", str(config_path), "logdump", str(source.prefix) + "000000001"]) == 1
+    said = capsys.readouterr().err
+    assert "purged at " in said and " UTC by the trail purge (every reader has passed it" in said, said
+    assert "seqno 1 of trail" in said and "Errno" not in said and said.count("\n") == 1
 
     set_reader(store, lt, "replicat", "REP9", 4, 0)           # REP9 now in file 4, nothing of it read
     purge_trails(store, config)
@@ -384,7 +389,7 @@ def test_add_info_and_delete_pump_and_a_pump_that_needs_a_purged_file(tmp_path, 
     assert main("purge", "trails") == 0
     assert _purged(store, str(source.prefix)) == [1]
     assert main("pump", "run", "pmp1") == 0
-    assert "wrote 4 records to 2 file(s)" in capsys.readouterr().out
+    assert "wrote 2 transactions (4 records) to 2 file(s)" in capsys.readouterr().out
     assert main("info", "pump", "PMP1", "--showch", "3") == 0
     shown = capsys.readouterr().out
     for expected in ("Status STOPPED", "Read Checkpoint      Seqno 3, RBA 2", "Write Checkpoint     Seqno 2, RBA 2",

@@ -484,7 +484,7 @@ def test_the_cli_starts_spark_only_for_a_run_that_needs_it(tmp_path, spark, meta
 
     done = subprocess.run(replicat, env=no_java, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "applied 2 transactions (5 operations)" in done.stdout, done.stdout
+    assert "applied 2 transactions (5 records)" in done.stdout, done.stdout
     assert orders() == [(1, "n1"), (2, "changed")]
     applied = checkpoint_row(target_dsn)
 
@@ -671,6 +671,37 @@ def test_replica_equals_the_truth_across_runs(captured, metadata_copy, target_ds
                      f"Log CSN                {str(last_csn):<34} {last_csn}", "Checkpoint history",
                      "Startup Checkpoint", "Status STOPPED"):
         assert expected in shown
+
+
+def test_capture_pump_and_replicat_count_the_same_transactions_on_one_trail(tmp_path, spark, store, target_dsn):
+    """A run's "wrote N transactions", the pump's and replicat's "applied N transactions"
+    are one figure: the transactions in the trail. Capture reads transactions that touch
+    only tables it does not capture (the simulator's hr stories; TABLE shop.* here): they
+    write nothing, so they are not counted as written."""
+    from trailbound.pump.run import run_pump
+    from trailbound.replicat.run import run_replicat
+    from trailbound.sources.simulator import simulate
+
+    simulate(tmp_path / "archive", tmp_path / "truth.json", records=800, hours=2, seed=7, threads=1, segment_minutes=60)
+    config_path = write_config(tmp_path, tables=("shop.*",))
+    text = config_path.read_text().replace("replicats:\n  REP1:\n    exttrail: dirdat/lt",
+                                           "replicats:\n  REP1:\n    exttrail: remote/rt")
+    config_path.write_text(text + "pumps:\n  PMP1: {exttrail: dirdat/lt, rmttrail: remote/rt}\n")
+    config = configuration.load(config_path)
+    _create_target(config, target_dsn)
+
+    captured = run_extract(spark, store, config, "EXT1")
+    pumped = run_pump(None, store, config, "PMP1")
+    applied = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    remote = sorted((tmp_path / "remote").glob("rt*"))
+    in_trail = {xid for path in remote for xid in trail.read_file(path).column("xid").to_pylist()}
+    assert len(in_trail) > 50
+    assert (captured.transactions_written, pumped.transactions_written, applied.transactions) == (len(in_trail),) * 3
+    assert captured.records_written == pumped.records_written == applied.operations
+    n, records = len(in_trail), captured.records_written
+    assert f"wrote {n} transactions ({records} records)" in captured.describe()
+    assert f"wrote {n} transactions ({records} records)" in pumped.describe()
+    assert f"applied {n} transactions ({records} records)" in applied.describe()
 
 
 # ---------------------------------------------------------------- crashes
@@ -882,7 +913,7 @@ def test_alter_replicat_repositions_and_info_shows_both_checkpoints(tmp_path, sp
     assert f"log_csn {csn['T3'].scn}@0:0:0" in capsys.readouterr().out
     assert checkpoint_row(target_dsn)["log_csn"] == f"{csn['T3'].scn}@0:0:0"
     assert run("replicat", "run", "REP1") == 0
-    assert "skipped 2 already applied" in capsys.readouterr().out
+    assert "skipped 2 transactions already applied" in capsys.readouterr().out
     assert _orders(target_dsn, copy) == {3: "n3", 4: "n4"}
 
     assert run("info", "replicat", "REP1", "--showch", "1") == 0

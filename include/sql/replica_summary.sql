@@ -8,4 +8,6 @@ SELECT format('%I.%I', schemaname, tablename) AS replica_table,
  WHERE schemaname = 'shop'
  ORDER BY 1;
 
+\echo
+\echo 'shop.orders, its first five rows:'
 SELECT * FROM shop.orders ORDER BY id LIMIT 5;

@@ -62,7 +62,8 @@ def info_all(groups, now: datetime) -> str:
     ABENDED group's last run said."""
     lines = [f"Program     Status      Group       Lag at Chkpt  Time Since Chkpt      (as of {utc(now)})", ""]
     for g in groups:
-        note = "" if g.added else "  (not added yet)"
+        note = ("" if g.added else "  (not added yet)") + \
+            ("" if g.configured else "  (not in this configuration)")
         lines.append(f"{g.program.upper():<11} {g.status:<11} {g.group:<11} {duration(g.lag):<13} "
                      f"{duration(g.since_checkpoint)}{note}".rstrip())
     abended = [g for g in groups if g.status == "ABENDED"]

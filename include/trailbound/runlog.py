@@ -11,7 +11,9 @@ a run succeeds; STOPPED otherwise. A run killed outright leaves its row without 
 once nothing holds the group any more, it is ABENDED too.
 
 The error text is what the user saw, with any password in it redacted: an error can
-quote a DSN.
+quote a DSN. A run started by an Airflow task records its DAG id and run id (the task
+passes them: `--airflow-run DAG_ID RUN_ID`), so what a run committed links to its DAG
+run (`committed_by`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class RunOutcome:
     ended_at: datetime | None
     outcome: str            # running | ok | error | refused
     error: str | None
+    airflow_dag_id: str | None = None   # the Airflow DAG run that started it; None: the command line
+    airflow_run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,15 +83,19 @@ class _Recorder:
 
 
 @contextmanager
-def recorded_run(store: MetadataStore, kind: str, group: str, command: str) -> Iterator[int]:
+def recorded_run(store: MetadataStore, kind: str, group: str, command: str,
+                 airflow_run: tuple[str, str] | None = None) -> Iterator[int]:
     """Record the run in the block: its start now, its outcome when the block ends (an
     exception is recorded and re-raised). `refused` is a run turned away because another
-    process holds the group: it says nothing about the group's health."""
+    process holds the group: it says nothing about the group's health. `airflow_run`:
+    (DAG id, run id) of the Airflow DAG run whose task started it."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    dag_id, dag_run_id = airflow_run or (None, None)
     with store.transaction() as cur:
-        cur.execute("INSERT INTO trailbound.run_outcome (kind, group_name, command, started_at)"
-                    " VALUES (%s, %s, %s, clock_timestamp()) RETURNING run_id", (kind, group.upper(), command))
+        cur.execute("INSERT INTO trailbound.run_outcome (kind, group_name, command, started_at, airflow_dag_id,"
+                    " airflow_run_id) VALUES (%s, %s, %s, clock_timestamp(), %s, %s) RETURNING run_id",
+                    (kind, group.upper(), command, dag_id, dag_run_id))
         run_id = cur.fetchone()["run_id"]
     recorder = _Recorder(store, run_id)
     try:
@@ -145,6 +153,20 @@ def history(store: MetadataStore, kind: str, group: str, limit: int = 50) -> lis
         return [_outcome(r) for r in cur.fetchall()]
 
 
+def committed_by(cur, kind: str, group: str, committed_at: datetime) -> RunOutcome | None:
+    """The run that committed a stage's history row at `committed_at` (its ended_at): the
+    group's run whose start and end enclose it. Exact, because a group has one run at a
+    time (trailbound.grouplock): a run turned away meanwhile is `refused` and left out,
+    and of runs that ended in an error before taking the lock the one that ended well
+    is preferred."""
+    cur.execute("SELECT * FROM trailbound.run_outcome WHERE kind = %s AND group_name = upper(%s)"
+                " AND outcome <> 'refused' AND started_at <= %s AND (ended_at IS NULL OR ended_at >= %s)"
+                " ORDER BY outcome = 'ok' DESC, run_id DESC LIMIT 1", (kind, group, committed_at, committed_at))
+    row = cur.fetchone()
+    return None if row is None else _outcome(row)
+
+
 def _outcome(row: dict) -> RunOutcome:
     return RunOutcome(row["run_id"], row["kind"], row["group_name"], row["command"], row["started_at"],
-                      row["ended_at"], row["outcome"], row["error"])
+                      row["ended_at"], row["outcome"], row["error"], row.get("airflow_dag_id"),
+                      row.get("airflow_run_id"))

@@ -44,6 +44,7 @@ class GroupStatus:
     error: str | None = None         # ABENDED: what the last run said
     error_time: datetime | None = None
     last_run: runlog.RunOutcome | None = None
+    configured: bool = True          # False: the metadata store knows it, the configuration in force does not
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class LagPoint:
 
     at: datetime            # wall time the run committed
     lag: timedelta
+    airflow_dag_id: str | None = None   # the Airflow DAG run whose task committed it (None: the CLI)
+    airflow_run_id: str | None = None
 
 
 def _now(now: datetime | None) -> datetime:
@@ -106,8 +109,10 @@ def commit_time(cur, csn: Csn) -> datetime | None:
 
 def info_all(store: MetadataStore, config: Config, *, now: datetime | None = None,
              pattern: str = "*", programs: tuple[str, ...] = PROGRAMS) -> list[GroupStatus]:
-    """Every configured or added group of the given programs whose name matches `pattern`
-    (GGSCI wildcards: * and ?), extracts first, then pumps, then replicats."""
+    """Every group of the given programs whose name matches `pattern` (GGSCI wildcards: *
+    and ?) that the configuration names or the metadata store knows (added, or with a
+    recorded run: another configuration's groups on the same store too, marked not
+    configured), extracts first, then pumps, then replicats."""
     now = _now(now)
     outcomes = runlog.last_outcomes(store)
     rows: dict[str, dict[str, dict]] = {}
@@ -130,15 +135,17 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
 
     found = []
     for program in programs:
-        names = {name.upper(): name for name in configured[program]}
+        names = {group: group for kind, group in outcomes if kind == program}
+        names.update({name.upper(): name for name in configured[program]})
         names.update({key: row["group_name"] for key, row in rows[program].items()})
+        in_config = {name.upper() for name in configured[program]}
         for key in sorted(k for k in names if fnmatchcase(k, pattern.upper())):
             name, row, last = names[key], rows[program].get(key), outcomes.get((program, key))
             state = runlog.group_state(store, program, name, last)
             status, error, error_time = state.status, state.error, state.error_time
             if row is None:
                 found.append(GroupStatus(program, name, status, False, None, None, None, None, error, error_time,
-                                         last))
+                                         last, key in in_config))
                 continue
             if program == "extract":
                 checkpoint, log_time = row["last_run_end"], row["read_ts"]
@@ -147,7 +154,8 @@ def info_all(store: MetadataStore, config: Config, *, now: datetime | None = Non
             else:
                 checkpoint, log_time = row["updated_at"], row["audit_ts"]
             found.append(GroupStatus(program, name, status, True, checkpoint, _lag(checkpoint, log_time),
-                                     _since(now, checkpoint), row["last_started"], error, error_time, last))
+                                     _since(now, checkpoint), row["last_started"], error, error_time, last,
+                                     key in in_config))
     return found
 
 
@@ -179,7 +187,8 @@ def open_transactions(store: MetadataStore, config: Config, group: str) -> list[
 
 def lag_history(store: MetadataStore, program: str, group: str, limit: int = 200) -> list[LagPoint]:
     """Lag at checkpoint of a group's last committed runs, oldest first (from the stage's
-    history table: extract_run's read time, replicat's applied CSN, pump's shipped CSN)."""
+    history table: extract_run's read time, replicat's applied CSN, pump's shipped CSN),
+    each with the Airflow DAG run that committed it, when a task did (runlog.committed_by)."""
     name = group.upper()
     points = []
     with store.transaction() as cur:
@@ -195,5 +204,11 @@ def lag_history(store: MetadataStore, program: str, group: str, limit: int = 200
             cur.execute(query, (name, limit))
             points = [(r["ended_at"], commit_time(cur, Csn.parse(r["csn"])) if r["csn"] else None)
                       for r in cur.fetchall()]
-    return [LagPoint(at, _lag(at, log_time)) for at, log_time in reversed(points) if log_time is not None]
+        found = []
+        for at, log_time in reversed(points):
+            if log_time is None:
+                continue
+            run = runlog.committed_by(cur, program, name, at)
+            found.append(LagPoint(at, _lag(at, log_time), run and run.airflow_dag_id, run and run.airflow_run_id))
+    return found
 

@@ -68,52 +68,13 @@ class Snapshot:
     retention: list = field(default_factory=list)       # dicts per source
     lags: dict = field(default_factory=dict)            # (program, group) -> [LagPoint]
     dags: dict = field(default_factory=dict)            # (program, group) -> dag ids behind it
-    runs: dict = field(default_factory=dict)            # dag id -> [DagRunWindow], newest first
     warnlongtrans: dict = field(default_factory=dict)   # extract -> its WARNLONGTRANS
     sources: list = field(default_factory=list)         # live PostgreSQL sources: SlotLag, or (source, error)
 
 
-@dataclass(frozen=True)
-class DagRunWindow:
-    """When one DAG run ran (wall time): the lag points inside it are its work."""
-
-    dag_id: str
-    run_id: str
-    start: datetime
-    end: datetime | None     # None: still running
-
-    @property
-    def href(self) -> str:
-        return f"../dags/{quote(self.dag_id, safe='')}/runs/{quote(self.run_id, safe='')}"
-
-
-def read_dag_runs(dag_ids, limit: int = 200) -> dict:
-    """The last runs of each DAG from Airflow's own database (the API server's session);
-    empty when it cannot be read (the page then links to each DAG's run list only)."""
-    try:
-        from airflow.models.dagrun import DagRun
-        from airflow.utils.session import create_session
-        from sqlalchemy import select
-
-        found: dict = {}
-        with create_session() as session:
-            for dag_id in dag_ids:
-                rows = session.execute(select(DagRun.run_id, DagRun.start_date, DagRun.end_date)
-                                       .where(DagRun.dag_id == dag_id, DagRun.start_date.is_not(None))
-                                       .order_by(DagRun.start_date.desc()).limit(limit)).all()
-                found[dag_id] = [DagRunWindow(dag_id, r.run_id, r.start_date, r.end_date) for r in rows]
-        return found
-    except Exception:  # noqa: BLE001 - the runs are a convenience; the figures stand without them
-        return {}
-
-
-def run_behind(at: datetime, windows) -> DagRunWindow | None:
-    """The DAG run during which a checkpoint was committed at `at` (the latest one that
-    had started by then and had not ended before it)."""
-    for window in windows:  # newest first
-        if window.start <= at and (window.end is None or at <= window.end):
-            return window
-    return None
+def run_href(dag_id: str, run_id: str) -> str:
+    """The Airflow UI's page of one DAG run (relative, like every link of the view)."""
+    return f"../dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
 def read_slot_lags(hook) -> list:
@@ -207,7 +168,6 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
                     "warning": plan.over_limit()})
         except Exception as exc:  # noqa: BLE001 - shown in its section
             snap.retention.append({"source": "?", "error": str(exc)})
-    snap.runs = read_dag_runs(sorted({dag for dags in snap.dags.values() for dag in dags}))
     snap.sources = read_slot_lags(hook)
     snap.transactions.sort(key=lambda t: (t.start_time, t.start_scn))
     return snap
@@ -226,9 +186,10 @@ def _hms(value: timedelta | None) -> str:
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def lag_chart(points, windows=(), width: int = 420, height: int = 120) -> str:
+def lag_chart(points, width: int = 420, height: int = 120) -> str:
     """Lag at checkpoint over the group's runs, as inline SVG (no script, no CDN); each
-    point links to the DAG run that committed it, when one did (`windows`)."""
+    point links to the DAG run that committed it, when one did: the run id its task
+    recorded with the run (trailbound.runlog), not a guess from time windows."""
     if not points:
         return '<p class="muted">no committed run yet</p>'
     pad = 34
@@ -244,10 +205,13 @@ def lag_chart(points, windows=(), width: int = 420, height: int = 120) -> str:
 
     def dot(p) -> str:
         x, y = xy(p).split(",")
-        run = run_behind(p.at, windows)
-        title = f"{_utc(p.at)}: lag {_hms(p.lag)}" + (f", DAG run {run.dag_id} {run.run_id}" if run else "")
+        run = p.airflow_run_id is not None and p.airflow_dag_id is not None
+        title = f"{_utc(p.at)}: lag {_hms(p.lag)}" + (f", DAG run {p.airflow_dag_id} {p.airflow_run_id}" if run
+                                                      else ", a run from the command line")
         circle = f'<circle cx="{x}" cy="{y}" r="{3.5 if run else 2.5}"><title>{html.escape(title)}</title></circle>'
-        return f'<a href="{html.escape(run.href)}" class="run">{circle}</a>' if run else circle
+        if not run:
+            return circle
+        return f'<a href="{html.escape(run_href(p.airflow_dag_id, p.airflow_run_id))}" class="run">{circle}</a>'
 
     dots = "".join(dot(p) for p in points)
     return (f'<svg class="lag" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
@@ -274,12 +238,6 @@ svg text { font-size: 9px; fill: #556; } .grid { display: flex; flex-wrap: wrap;
 """
 
 
-def _windows(snap: Snapshot, g) -> list:
-    """The runs of the DAGs behind a group, newest first."""
-    found = [w for dag in snap.dags.get((g.program, g.group), []) for w in snap.runs.get(dag, [])]
-    return sorted(found, key=lambda w: w.start, reverse=True)
-
-
 def render(snap: Snapshot) -> str:
     e = html.escape
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>trailbound console</title>"
@@ -294,7 +252,9 @@ def render(snap: Snapshot) -> str:
         links = " ".join(f"<a href='../dags/{e(d)}/runs'>{e(d)}</a>" for d in snap.dags.get((g.program, g.group), []))
         error = f"{_utc(g.error_time)}: {e(g.error)}" if g.error else ""
         out.append(f"<tr class='group {g.status}' data-group='{e(g.group)}'><td>{g.program.upper()}</td>"
-                   f"<td class='status'>{g.status}</td><td>{e(g.group)}</td><td class='lag'>{_hms(g.lag)}</td>"
+                   f"<td class='status'>{g.status}</td><td>{e(g.group)}"
+                   f"{'' if g.configured else ' <span class=muted>(not in this configuration)</span>'}</td>"
+                   f"<td class='lag'>{_hms(g.lag)}</td>"
                    f"<td>{_hms(g.since_checkpoint)}</td><td>{_utc(g.checkpoint_time) or 'not added yet'}</td>"
                    f"<td class='error'>{error}</td><td>{links}</td></tr>")
     out.append("</table><p class='muted'>Lag at Chkpt: the checkpoint's wall time minus the log time of the last "
@@ -353,7 +313,7 @@ def render(snap: Snapshot) -> str:
     out.append("<h2 id='lag'>Lag at checkpoint per run</h2><div class='grid'>")
     for g in snap.groups:
         out.append(f"<figure><figcaption>{g.program.upper()} {e(g.group)}</figcaption>"
-                   f"{lag_chart(snap.lags.get((g.program, g.group), []), _windows(snap, g))}</figure>")
+                   f"{lag_chart(snap.lags.get((g.program, g.group), []))}</figure>")
     out.append("</div><h2 id='checkpoints'>Checkpoints</h2>")
     for (program, group), text in snap.checkpoints.items():
         out.append(f"<h3>INFO {program.upper()} {e(group)} SHOWCH</h3><pre>{e(text)}</pre>")

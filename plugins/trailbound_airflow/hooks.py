@@ -157,13 +157,14 @@ class TrailboundHook(BaseHook):
             return local_master and trailfs.is_local(config.replicat(config.replicat_name(group)).exttrail)
         return False
 
-    def run_in_the_task(self, kind: str, group: str, spark_master: str) -> str:
+    def run_in_the_task(self, kind: str, group: str, spark_master: str, airflow_run: list[str] | None = None) -> str:
         """`trailbound pump|replicat run GROUP` in this task (see runs_in_the_task): the
         command line the spark-submit job runs (jobs/pump.py, jobs/replicat.py), so the
-        run is recorded and locked the same way; a Spark session it turns out to need
-        uses `spark_master` (not a secret: the task's own environment may say it)."""
+        run is recorded and locked the same way, with its DAG run (`airflow_run`: DAG id,
+        run id); a Spark session it turns out to need uses `spark_master` (not a secret:
+        the task's own environment may say it)."""
         os.environ["SPARK_MASTER"] = spark_master
-        return self.run_command([kind, "run", group])
+        return self.run_command([kind, "run", group, *(["--airflow-run", *airflow_run] if airflow_run else [])])
 
     # ------------------------------------------------------------ the engine, called with the DSNs
 

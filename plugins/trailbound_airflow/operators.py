@@ -7,6 +7,9 @@ store, no Spark) and skips the task when there is nothing: downstream tasks are 
 with it and no Asset event is published, so nothing downstream is triggered for nothing.
 When the check cannot tell, the job runs as before.
 
+Every run names the DAG run it belongs to (`--airflow-run DAG_ID RUN_ID`, recorded with
+its outcome), so the console links what it committed to this run.
+
 Pump and replicat of local trails need no Spark (replicat starts it only to net more
 key-changing UPDATEs than replicat/net/python.py's LIMIT in a chunk): with a local Spark master they
 run in the task itself (TrailboundHook.runs_in_the_task), sparing each run
@@ -51,10 +54,12 @@ class TrailboundSparkSubmitOperator(SparkSubmitOperator):
         if reason:
             raise AirflowSkipException(reason)
         master = self._spark_master()
+        airflow_run = [context["ti"].dag_id, context["run_id"]]
         if self.kind in ("pump", "replicat") and hook.runs_in_the_task(self.kind, self.group, master):
             self.log.info("%s %s needs no spark-submit: running in this task", self.kind, self.group)
-            hook.run_in_the_task(self.kind, self.group, master)
+            hook.run_in_the_task(self.kind, self.group, master, airflow_run=airflow_run)
             return None
+        self.application_args = [*(self.application_args or []), "--airflow-run", *airflow_run]
         # The job's DSNs go in the child's environment only (see the module's docstring).
         self._job_env = hook.dsns(target=self.kind == "replicat") if self._env_stays_local(master) else {}
         return super().execute(context)

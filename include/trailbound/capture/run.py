@@ -245,7 +245,11 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 
-    fates = {row["fate"]: row["n"] for row in txns.groupBy("fate").agg(F.count(F.lit(1)).alias("n")).collect()}
+    # Transactions written: those that reached the trail, i.e. with a record of a captured
+    # table. A committed transaction that touched only other tables is read but writes
+    # nothing; counting it made "wrote N transactions" exceed what pump and replicat count
+    # on the same trail (issue 41).
+    written_transactions = txns.where((F.col("fate") == WRITE) & (F.col("kept_records") > 0)).count()
     open_rows = txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())
                            | F.col("forced")).collect()
     per_thread = assembly.log_reads.collect()
@@ -322,7 +326,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
         required = recovery.required_scn(state, recovery.committed_plan(state))
         ckpt.commit_run(cur, state, files, required, {
             "started_at": run.started_at, "until": run.until, "read_from_scn": read_from, "horizon_scn": horizon_scn,
-            "records_read": records_read, "transactions": fates.get(WRITE, 0), "records_written": records_written,
+            "records_read": records_read, "transactions": written_transactions, "records_written": records_written,
             "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
             "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
             "br_checkpoint_id": checkpoint_id}, warnings, done)
@@ -333,7 +337,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
                                    {t.persisted.file for t in state.open if t.persisted})
     for frame in assembly.cached:
         frame.unpersist()
-    return RunResult(state.group, horizon_scn, records_read, fates.get(WRITE, 0), records_written, files,
+    return RunResult(state.group, horizon_scn, records_read, written_transactions, records_written, files,
                      len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
                      br_checkpoint=br_checkpoint is not None)
 

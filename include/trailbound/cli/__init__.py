@@ -61,8 +61,30 @@ def _outcome_recorded(ctx: Context, argv: list[str]):
         return
     from trailbound import runlog
 
-    with runlog.recorded_run(ctx.store, kind, name, " ".join(["trailbound", *argv])):
+    airflow_run = getattr(ctx.args, "airflow_run", None)
+    with runlog.recorded_run(ctx.store, kind, name, " ".join(["trailbound", *argv]),
+                             tuple(airflow_run) if airflow_run else None):
         yield
+
+
+def _shell_expanded(argv: list[str], args, extra: list[str]) -> str | None:
+    """What to say when a group name came as several words that are file names here: an
+    unquoted `info extract *` that the shell expanded before we saw it. None otherwise."""
+    group = getattr(args, "group", None)
+    if not isinstance(group, str) or group not in argv:
+        return None
+    words = [group, *extra]
+    if any(word.startswith("-") for word in extra) or not any(os.path.lexists(word) for word in words):
+        return None
+    verb_words, skip = [], False
+    for word in argv[:argv.index(group)]:  # the verb's words, without --config FILE
+        if not skip and not word.startswith("-"):
+            verb_words.append(word)
+        skip = word == "--config"
+    command = " ".join(["trailbound", *verb_words])
+    shown = ", ".join(words[:5]) + (", ..." if len(words) > 5 else "")
+    return (f"{command}: {len(words)} words where one group name goes ({shown}): the shell expanded an unquoted "
+            f"* or ? into the file names here. Quote the wildcard: {command} '*'")
 
 
 def main(argv: list[str] | None = None, *, dsns: dict[str, str] | None = None) -> int:
@@ -70,7 +92,14 @@ def main(argv: list[str] | None = None, *, dsns: dict[str, str] | None = None) -
     those variables: the Airflow hook passes the DSNs it resolved this way instead of
     writing them into the process environment."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        expanded = _shell_expanded(argv, args, extra)
+        if expanded:
+            print(f"ERROR {expanded}", file=sys.stderr)
+            return 2
+        parser.parse_args(argv)  # argparse's own usage error, exit status 2
     ctx = Context(args, dsns)
     try:
         with _outcome_recorded(ctx, argv):

@@ -77,6 +77,13 @@ class Context:
             self._store.close()
 
 
+def airflow_run_argument(run: argparse.ArgumentParser) -> None:
+    """`extract|pump|replicat run ... --airflow-run DAG_ID RUN_ID`: the Airflow task that
+    starts a run names its DAG run, recorded with the run's outcome (trailbound.runlog)."""
+    run.add_argument("--airflow-run", nargs=2, metavar=("DAG_ID", "RUN_ID"),
+                     help="the Airflow DAG run this run belongs to (the DAGs' tasks pass it)")
+
+
 def verb(group, name: str, handler: Callable[[Context], int], help_text: str) -> argparse.ArgumentParser:
     """A verb (or a verb's action or kind) that runs `handler`; its help is its description too."""
     sub = group.add_parser(name, help=help_text, description=help_text)

@@ -3,7 +3,7 @@ directives for the next run, `send extract` and `start extract`."""
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, utc_time, verb
+from trailbound.cli.context import Context, airflow_run_argument, utc_time, verb
 from trailbound.cli.status import info_groups
 from trailbound.errors import TrailboundError
 
@@ -12,6 +12,7 @@ def extract_run(ctx: Context) -> int:
     from trailbound.capture.pulling import run_extract_pulling
     from trailbound.capture.run import run_extract
 
+    ctx.config.extract_name(ctx.args.group)  # an unknown group is said before Spark's JVM starts (15 s)
     if ctx.args.pull:
         pulled = run_extract_pulling(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group,
                                      config_file=ctx.args.config, until=ctx.args.until, brreset=ctx.args.brreset)
@@ -122,6 +123,7 @@ def run_arguments(verbs) -> None:
                                                                               metavar="ACTION")
     run = verb(extract, "run", extract_run, "run one capture batch for an extract group")
     run.add_argument("group")
+    airflow_run_argument(run)
     run.add_argument("--until", type=utc_time, help="read only segments archived by this time (a past interval)")
     run.add_argument("--brreset", action="store_true", help="one normal recovery, then Bounded Recovery again")
     run.add_argument("--pull", action="store_true", help="a PostgreSQL source: pull its WAL into the archive (archive "

@@ -16,6 +16,8 @@ def logdump(ctx: Context) -> int:
     from trailbound.trail import format as trail
 
     path = Path(ctx.args.file)
+    if not path.exists() and "://" not in ctx.args.file and (purged := _purged(ctx, path)):
+        raise TrailboundError(purged)
     seqno = int(path.name[-9:]) if path.name[-9:].isdigit() else None
     records = trail.read_file(path).num_rows
     if ctx.args.from_rba >= max(records, 1):
@@ -43,6 +45,24 @@ def _table(record: dict) -> str:
     if record["table"] is None:
         return "None"
     return f"{record['table']} v{record['table_version'] or 1}"
+
+
+def _purged(ctx: Context, path: Path) -> str | None:
+    """What to say of a file the trail purge deleted (when, and why), as the trail catalog
+    remembers it; None when it was not purged (the read then says the file is not there)."""
+    from trailbound.ggsci import utc
+    from trailbound.trail import catalog
+
+    try:
+        with ctx.store.transaction() as cur:
+            row = catalog.purged_file(cur, {str(path), str(path.absolute()), str(path.resolve())})
+    except TrailboundError:
+        return None  # no configuration or metadata store to ask
+    if row is None:
+        return None
+    reason = f" ({row['reason']})" if row["reason"] else ""
+    return (f"{path}: purged at {utc(row['purged_at'])} by the trail purge{reason}: seqno {row['seqno']} of trail "
+            f"{row['trail']}, {row['records']} record(s), is gone from disk")
 
 
 def arguments(verbs) -> None:

@@ -74,4 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     dags.arguments(verbs)
     logdump.arguments(verbs)
     simulate.arguments(verbs)
+    _config_after_the_verb(parser)
     return parser
+
+
+def _config_after_the_verb(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE` anywhere on the line: before the verb (the top-level option) or
+    after it (`trailbound info all --config FILE`), as a user types it. Each verb's own
+    option leaves the top-level value alone unless it is given."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                if not any("--config" in a.option_strings for a in sub._actions):
+                    sub.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                _config_after_the_verb(sub)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, verb
+from trailbound.cli.context import Context, airflow_run_argument, verb
 from trailbound.cli.status import info_groups
 from trailbound.errors import TrailboundError
 
@@ -57,7 +57,9 @@ def arguments(verbs, kinds) -> None:
     """The `pump` verb, the `pump` kind of add, delete and info, and the `purge` verb."""
     pump = verbs.add_parser("pump", help="pump runs (trail shipping)").add_subparsers(dest="action", required=True,
                                                                                      metavar="ACTION")
-    verb(pump, "run", pump_run, "ship the committed trail files a pump has not shipped").add_argument("group")
+    run = verb(pump, "run", pump_run, "ship the committed trail files a pump has not shipped")
+    run.add_argument("group")
+    airflow_run_argument(run)
     for word, handler, text in (("add", add_pump, "add a pump group, registering it as a reader of its source trail"),
                                 ("delete", delete_pump, "delete a pump's checkpoints and reader registration"),
                                 ("info", info_pump, "a pump's status and checkpoints (INFO EXTRACT ... SHOWCH)")):

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, verb
+from trailbound.cli.context import Context, airflow_run_argument, verb
 from trailbound.cli.status import info_groups
 
 
 def replicat_run(ctx: Context) -> int:
     from trailbound.replicat.run import run_replicat
 
+    ctx.config.replicat_name(ctx.args.group)  # an unknown group is said at once
     # Spark started only if the run needs it: a local trail of plain DML needs no JVM.
     print(run_replicat(lambda: ctx.spark, ctx.store, ctx.config, ctx.args.group, target_dsn=ctx.target_dsn).describe())
     return 0
@@ -73,7 +74,9 @@ def arguments(verbs, kinds) -> None:
     `add checkpointtable`."""
     replicat = verbs.add_parser("replicat", help="replicat runs (apply)").add_subparsers(
         dest="action", required=True, metavar="ACTION")
-    verb(replicat, "run", replicat_run, "apply the trail from the checkpoint to its committed end").add_argument("group")
+    run = verb(replicat, "run", replicat_run, "apply the trail from the checkpoint to its committed end")
+    run.add_argument("group")
+    airflow_run_argument(run)
     command = verb(kinds["add"], "checkpointtable", add_checkpointtable,
                    "create the checkpoint table (and its _lox table) in the target (ADD CHECKPOINTTABLE)")
     command.add_argument("name", nargs="?", metavar="[SCHEMA.]NAME", help="default: the replicats' checkpointtable")

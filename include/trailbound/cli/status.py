@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timezone
 from typing import Callable
 
@@ -16,9 +17,18 @@ def info_groups(ctx: Context, program: str, describe: Callable[[str], str]) -> i
 
     pattern = ctx.args.group
     if not any(c in pattern for c in "*?"):
-        print(describe(pattern))  # its own error when the group is not configured or added
+        try:
+            print(describe(pattern))  # its own error when the group is not configured or added
+        except TrailboundError as exc:
+            if not os.path.lexists(pattern):
+                raise
+            # `info extract *` in a directory holding one file: the shell gave us its name.
+            raise TrailboundError(f"{exc}. {pattern!r} is a file here: if you typed an unquoted * or ?, the shell "
+                                  f"expanded it; quote the wildcard: trailbound info {program} '*'") from None
         return 0
-    added = [g for g in status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,)) if g.added]
+    # A group of another configuration on the same store has no report here (INFO ALL lists it).
+    added = [g for g in status.info_all(ctx.store, ctx.config, pattern=pattern, programs=(program,))
+             if g.added and g.configured]
     if not added:
         raise TrailboundError(f"no {program} group matching {pattern!r} is added")
     print("\n\n".join(describe(g.group) for g in added))

@@ -3,8 +3,9 @@
     python -m trailbound.devtools.livedemo [--rounds N] [--rate TPS]
 
 A second throwaway server (var/pg-source, wal_level=logical) hosts the source database
-`trailbound_source`; the demo's own server (var/pg, started by `make db`) gets fresh
-databases for this demo's metadata store and target, so `make demo` is untouched. Steps:
+`trailbound_source`; the demo's own server (var/pg, started by `make db`) holds this
+demo's metadata store and target, in two fresh databases of their own
+(trailbound_live_meta, trailbound_live_target), so `make demo`'s are untouched. Steps:
 pgbench's tables (empty), `trailbound add source PGLIVE`, `trailbound target create`,
 pgbench's data load, then pgbench writing (-R TPS) while `airflow dags test` runs capture
 (its first task pulls the slot), pump and replicat, N rounds; pgbench stops, one last
@@ -44,7 +45,8 @@ SOURCE_DB, META_DB, TARGET_DB = "trailbound_source", "trailbound_live_meta", "tr
 LOGICAL_OPTIONS = "-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10"
 DAGS = ("capture_elive", "pump_plive", "replicat_rlive")
 SUMMARY = re.compile(r"(Source [A-Z0-9_]+: pulled [^\[]*|Extract [A-Z0-9_]*: [^\[]*|Pump [A-Z0-9_]* [^\[]*"
-                     r"|Replicat [A-Z0-9_]*: [^\[]*|PASSED: [^\[]*|not the current interval[^\[]*)")
+                     r"|Replicat [A-Z0-9_]*: [^\[]*|PASSED: [^\[]*|not the current interval[^\[]*"
+                     r"|(?:extract|pump|replicat) [A-Z0-9_]*: nothing new [^\[]*)")
 _SETTINGS = "SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET bytea_output = 'hex'; SET DateStyle = 'ISO'"
 
 
@@ -101,19 +103,22 @@ def run(argv: list[str], env: dict, **kwargs) -> str:
 
 
 def dag_test(dag_id: str, logical_date: datetime, env: dict) -> None:
-    """`airflow dags test`, its log under var/live/logs; prints the outcome and the
-    tasks' summary lines."""
+    """`airflow dags test` (trailbound_airflow.dagtest: the DAG run's real start is
+    recorded), its log under var/live/logs; prints when it started (wall time), how long
+    it took, its outcome, and the tasks' summary lines, whole."""
     log = LIVE / "logs" / f"{dag_id}_{logical_date:%H%M%S}.log"
-    done = subprocess.run(["airflow", "dags", "test", dag_id, logical_date.isoformat()], env=env,
-                          capture_output=True, text=True)
+    started = datetime.now(UTC)
+    done = subprocess.run([sys.executable, "-m", "trailbound_airflow.dagtest", dag_id, logical_date.isoformat()],
+                          env=env, capture_output=True, text=True)
+    seconds = (datetime.now(UTC) - started).total_seconds()
     output = done.stdout + done.stderr
     log.write_text(output)
     finished = [line for line in output.splitlines() if "DagRun Finished" in line]
     state = finished[-1].rsplit("state=", 1)[-1].split()[0].strip(",") if finished else "error"
-    print(f"  {logical_date:%H:%M:%S} {dag_id}: {state}")
+    print(f"  {started:%H:%M:%S} {dag_id}: {state} ({seconds:.0f} s; logical date {logical_date:%H:%M:%S})")
     seen = []
     for match in SUMMARY.findall(output):
-        line = match.strip().splitlines()[0][:160]
+        line = re.sub(r" \(checked in [0-9.]+ s\)$", "", match.strip().splitlines()[0].rstrip())
         if line not in seen:
             seen.append(line)
             print(f"      {line}")
@@ -142,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["rm", "-rf", str(LIVE)], check=True)
     (LIVE / "logs").mkdir(parents=True)
     config = configuration.load(CONFIG)
+    # This demo's DAGs only (no second `control`), in the live-demo DAG bundle the
+    # Makefile's Airflow environment names beside dags/: the UI lists them with their runs.
     dags = LIVE / "dags"
     dags.mkdir()
-    for name, text in dagfiles.dag_files(config).items():  # this demo's DAGs only: no second `control`
+    for name, text in dagfiles.dag_files(config).items():
         if Path(name).stem in DAGS:
             (dags / name).write_text(text)
-    env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     # A fresh start in Airflow too: an earlier demo's runs (one interrupted mid-task would
     # block capture's depends_on_past) go with the rest.
     for dag_id in DAGS:

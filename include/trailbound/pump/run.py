@@ -59,6 +59,7 @@ class PumpResult:
     passthru: bool
     shipped: list[Shipped] = field(default_factory=list)
     note: str = ""
+    transactions_written: int = 0   # transactions in the files written (trail.format.transactions_in)
 
     @property
     def records_read(self) -> int:
@@ -79,7 +80,8 @@ class PumpResult:
         written = self.files_written
         mode = "PASSTHRU" if self.passthru else "filtered"
         text = (f"Pump {self.group} ({mode}): read {len(read)} file(s) of {self.exttrail} "
-                f"(seqno {read[0]}..{read[-1]}), {self.records_read} records; wrote {self.records_written} records to ")
+                f"(seqno {read[0]}..{read[-1]}), {self.records_read} records; wrote {self.transactions_written} "
+                f"transactions ({self.records_written} records) to ")
         text += (f"{len(written)} file(s) of {self.rmttrail} (seqno {written[0]}..{written[-1]})" if written
                  else f"no file of {self.rmttrail}")
         dropped = len(read) - len(written)
@@ -159,6 +161,7 @@ class _Run:
         if self.patterns is None:
             local = self._local_copy(row)
             expected, records, bytes_ = row["sha256"], row["records"], row["bytes"]
+            transactions = None  # counted once the copy is verified: a damaged file is named first
             first_csn, last_csn = Csn.parse(row["first_csn"]), Csn.parse(row["last_csn"])
         else:
             table = trails.read_file(row["path"], fs=self.source_fs, sha256=row["sha256"])
@@ -170,11 +173,15 @@ class _Run:
             info = trails.write_file(self.staging / name, remote_seqno, kept, group=self.state.group,
                                      log_bsn=log_bsn)
             local, expected, records, bytes_ = info.path, info.sha256, info.records, info.bytes
+            transactions = trails.transactions_in(kept)
             first_csn, last_csn = info.first_csn, info.last_csn
         self._copy_verified(local, expected, records, bytes_, target, row)
+        if transactions is None:
+            transactions = trails.count_transactions(local)
         remote = trails.TrailFileInfo(remote_seqno, target, records, bytes_, expected, first_csn, last_csn,
                                       log_bsn)
         self._commit(row, remote, last_csn)
+        self.result.transactions_written += transactions
 
     def _local_copy(self, row: dict) -> Path:
         if not self.source_fs.exists(row["path"]):

@@ -102,7 +102,7 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
         lines += ["", f"Checkpoint history: run {run['run_id']} ended {utc(run['ended_at'])}, from the "
                       f"{run['started_from']} at seqno {run['start_seqno']} rba {run['start_rba']} to seqno "
                       f"{run['end_seqno']} rba {run['end_rba']}, log_csn {run['log_csn'] or 'none'}",
-                  f"    {run['transactions']} transactions ({run['operations']} operations) in {run['groups']} target "
+                  f"    {run['transactions']} transactions ({run['operations']} records) in {run['groups']} target "
                   f"transactions ({run['parallel_groups']} on parallel sessions), {run['skipped']} skipped, "
                   f"{run['replayed_groups']} group(s) replayed, {run['collisions']} collision(s)"]
     return "\n".join(lines + ["", _TIMES])

@@ -221,8 +221,9 @@ class RunResult:
                 if self.start else f"Replicat {self.group}:")
         if self.note:
             return f"{text}: {self.note}"
-        text += (f", applied {self.transactions} transactions ({self.operations} operations) in {self.groups} target "
-                 f"transactions; skipped {self.skipped} already applied; now at seqno {self.end.seqno} rba "
+        # "records", as capture and pump say: the trail records of the applied transactions.
+        text += (f", applied {self.transactions} transactions ({self.operations} records) in {self.groups} target "
+                 f"transactions; skipped {self.skipped} transactions already applied; now at seqno {self.end.seqno} rba "
                  f"{self.end.rba}, log_csn {self.log_csn or 'none'}")
         if self.parallel_groups:
             text += f"; {self.parallel_groups} of them on parallel sessions"
@@ -629,7 +630,7 @@ class _Run:
             crashpoint("after_target_commit")
             self._save(ckpt.Checkpoint(end, csn, bsn, records[0]["commit_ts"]))
             self.result.transactions += 1
-            self.result.operations += stats.operations
+            self.result.operations += len(records)  # every trail record, as a group applied whole counts them
             self.result.collisions += stats.collisions
         self.result.groups += len(group.txns)
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)

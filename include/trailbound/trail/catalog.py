@@ -102,6 +102,17 @@ def mark_purged(cur, trail: str, seqno: int) -> None:
     cur.execute("UPDATE trailbound.trail_file SET purged_at = now() WHERE trail = %s AND seqno = %s", (trail, seqno))
 
 
+def purged_file(cur, paths: Iterable[str]) -> dict | None:
+    """The catalog's row of a purged trail file at one of `paths` (trail, seqno, records,
+    purged_at) with the purge's reason; None when no purged file was there."""
+    cur.execute("SELECT f.trail, f.seqno, f.records, f.purged_at, p.reason FROM trailbound.trail_file f"
+                " LEFT JOIN LATERAL (SELECT reason FROM trailbound.trail_purge p WHERE p.trail = f.trail"
+                "   AND p.seqno = f.seqno ORDER BY purge_id DESC LIMIT 1) p ON true"
+                " WHERE f.path = ANY(%s) AND f.purged_at IS NOT NULL ORDER BY f.purged_at DESC LIMIT 1",
+                (list(paths),))
+    return cur.fetchone()
+
+
 # ---------------------------------------------------------------- readers
 
 def set_reader_position(cur, trail: str, kind: str, group: str, position: TrailPosition) -> None:

@@ -389,6 +389,17 @@ class TrailWriter:
         return self.files
 
 
+def transactions_in(table: pa.Table) -> int:
+    """How many transactions a trail file's records hold: those that end in it (END or
+    WHOLE). Files are cut between transactions, so every stage counts the same ones."""
+    return int(pc.sum(pc.is_in(table.column("trans_ind"), pa.array([END, WHOLE], pa.int8()))).as_py() or 0)
+
+
+def count_transactions(path: Path) -> int:
+    """transactions_in of a local trail file, reading its indicator column only."""
+    return transactions_in(pq.read_table(path, columns=["trans_ind"]))
+
+
 def read_metadata(path: Path, *, source=None) -> dict:
     """The footer's trail metadata; `source` (bytes already read) stands for the file."""
     try:
