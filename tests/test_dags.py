@@ -349,7 +349,7 @@ def replica_rows(target_dsn: str) -> list[tuple]:
         return cur.fetchall()
 
 
-@pytest.mark.long_running(300)
+@pytest.mark.long_running(115)
 def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path, store, target_dsn, monkeypatch,
                                                                        request):
     config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
@@ -536,7 +536,7 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
 
 
 @pytest.mark.pg
-@pytest.mark.long_running(120)
+@pytest.mark.long_running(100)
 def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_does_not_pull(
         tmp_path, store, target_dsn, source_dsn, monkeypatch):
     from datetime import UTC, datetime
@@ -581,7 +581,7 @@ def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_do
     assert sorted(path.name for path in (tmp_path / "archive").glob("arch_*")) == segments
 
 
-@pytest.mark.long_running(240)
+@pytest.mark.long_running(60)
 def test_every_operator_action_runs_through_the_control_dag(tmp_path, spark, store, target_dsn):
     """One Airflow process runs the control DAG once per command (what `airflow dags
     test control DATE --conf` does, without an interpreter start per command)."""

@@ -73,7 +73,7 @@ def _environment(monkeypatch, source: str, target: str, metadata: str) -> None:
     monkeypatch.setenv(configuration.METADATA_DSN_ENV, metadata)
 
 
-@pytest.mark.long_running(90)
+@pytest.mark.long_running(35)
 def test_snapshot_load_while_pgbench_runs(source_dsn, target_dsn, metadata_dsn, store, spark, tmp_path, monkeypatch,
                                           capsys):
     _environment(monkeypatch, source_dsn, target_dsn, metadata_dsn)
@@ -140,7 +140,7 @@ def _load_subprocess(config_path: Path, crash: str | None) -> subprocess.Complet
                           env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.long_running(120)
+@pytest.mark.long_running(65)
 def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, target_dsn, metadata_dsn, store, spark,
                                                                   tmp_path, monkeypatch, capsys):
     _environment(monkeypatch, source_dsn, target_dsn, metadata_dsn)
