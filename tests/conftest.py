@@ -38,10 +38,14 @@ REPO = Path(__file__).resolve().parent.parent
 # own configuration file (what a deployment would use) switches them to small-batch
 # settings for every JVM the suite starts, in-process sessions, spark-submit from Airflow
 # and the standalone cluster alike. None of them changes a result; the benchmarks run with
-# the defaults.
-SMALL_BATCH_SPARK_DEFAULTS = """\
-spark.driver.defaultJavaOptions -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
-spark.executor.defaultJavaOptions -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
+# the defaults. A cold JVM also verifies the bytecode of every class it loads (Spark's and
+# Scala's jars, thousands of classes): these are released jars, so the suite's JVMs skip
+# that (BytecodeVerificationRemote off), about a tenth of a cold spark-submit's CPU
+# (docs/benchmarks/test-suite.md).
+SMALL_BATCH_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+SMALL_BATCH_SPARK_DEFAULTS = f"""\
+spark.driver.defaultJavaOptions {SMALL_BATCH_JVM}
+spark.executor.defaultJavaOptions {SMALL_BATCH_JVM}
 spark.sql.codegen.wholeStage false
 spark.sql.codegen.factoryMode NO_CODEGEN
 spark.sql.adaptive.enabled false

@@ -70,7 +70,7 @@ def warnings(store, kind: str) -> list[dict]:
         return cur.fetchall()
 
 
-@pytest.mark.long_running(90)
+@pytest.mark.long_running(50)
 def test_a_transaction_open_48_hours_is_persisted_survives_runs_and_a_crash_and_is_written_once(
         tmp_path, spark, store, driver_jvm):
     long_running_archive(tmp_path, total_hours=50, commit_hour=48)

@@ -63,7 +63,7 @@ def test_rollbacks_and_rolled_back_savepoints_leave_no_trace(tmp_path, spark, st
     assert state(store).read["recovery"][1].scn == Scn(12), "no open transaction holds recovery back"
 
 
-@pytest.mark.long_running(20)
+@pytest.mark.long_running(50)
 def test_a_transaction_open_across_many_runs_is_written_once_whole(tmp_path, spark, store):
     archive = new_archive(tmp_path)
     config = load_config(tmp_path)
@@ -183,7 +183,7 @@ def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
         return committed_trail(reference_store, config)
 
 
-@pytest.mark.long_running(90)
+@pytest.mark.long_running(110)
 def test_a_crash_at_every_point_in_turn_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store,
                                                                                    uninterrupted_trail, driver_jvm):
     """The second run is killed at each crash point in turn (the order the run reaches
@@ -274,7 +274,7 @@ def test_info_showch_and_logdump(tmp_path, spark, store, capsys, monkeypatch):
                                             "before": None, "after": '{"id":1,"note":"n1"}'}
 
 
-@pytest.mark.long_running(20)
+@pytest.mark.long_running(75)
 def test_capture_of_the_simulated_source_reproduces_its_truth(tmp_path, spark, store):
     """Many runs over a simulated busy source (3 threads, savepoints, long and open
     transactions, hostile xids, TRUNCATE, pk updates): replaying the trail in order gives

@@ -89,7 +89,7 @@ def world(spark, store, tmp_path, source_dsn, target_dsn, monkeypatch):
     return world
 
 
-@pytest.mark.long_running(150)
+@pytest.mark.long_running(40)
 def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_back_are_reported_and_repaired(
         world, tmp_path, capsys, monkeypatch):
     script = tmp_path / "transfer.sql"
@@ -176,7 +176,7 @@ def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_bac
     assert digests(world.target, TABLES) == digests(world.source, TABLES)
 
 
-@pytest.mark.long_running(480)
+@pytest.mark.long_running(85)
 def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across_runs(
         spark, store, tmp_path, source_dsn, target_dsn, monkeypatch, request):
     """Airflow (`airflow dags test`): first the load DAG, triggered by hand in snapshot mode

@@ -137,7 +137,7 @@ class Pipeline:
         assert Csn.parse(checkpoint_row(self.target)["log_csn"]).scn == last_commit
 
 
-@pytest.mark.long_running(150)
+@pytest.mark.long_running(105)
 def test_pgbench_through_the_whole_pipeline(source_dsn, target_dsn, store, spark, tmp_path, monkeypatch, capsys,
                                             driver_jvm):
     source = source_dsn

@@ -441,7 +441,7 @@ def test_location_text():
 # ---------------------------------------------------------------- capture -> pump -> replicat
 
 @pytest.mark.spark
-@pytest.mark.long_running(75)
+@pytest.mark.long_running(45)
 def test_extract_pump_replicat_over_a_simulated_source_reach_the_truth_with_purges_between(tmp_path, spark, store,
                                                                                              target_dsn):
     """Capture runs, two pumps (PASSTHRU and filtered) and trail purges between the runs.

@@ -550,11 +550,16 @@ def _admin(server_dsn: str):
     return connection
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def captured(tmp_path_factory, spark, pg_server_dsn, new_metadata_database):
     """A simulated busy source (every awkward type and identifier, savepoints, TRUNCATE,
     key updates, a keyless table) captured into small trail files. Tests move the trail's
-    committed end back (hiding trail_file rows) to apply it in several runs."""
+    committed end back (hiding trail_file rows) to apply it in several runs.
+
+    Once per test process, not per module: the long tests that use it are started first
+    (conftest), so a worker runs them, then other files, then this file's other tests; a
+    module-scoped capture was torn down and made again in between (three captures in a
+    two-worker run instead of two). Nothing writes it: each test gets a metadata_copy."""
     from trailbound.sources.simulator import simulate
 
     directory = tmp_path_factory.mktemp("replicat")
