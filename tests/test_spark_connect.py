@@ -7,6 +7,7 @@ tests start no server of their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -94,3 +95,27 @@ def test_capture_on_a_spark_connect_server_writes_the_trail_a_local_spark_writes
     connect, local = _trail(connect_home), _trail(local_home)
     assert [r["xid"] for r in connect] == ["A", "A", "B", "D"]
     assert connect == local
+
+
+def test_the_airflow_operator_runs_capture_in_the_task_on_the_spark_connect_connection(
+        tmp_path, metadata_dsn, spark_remote, monkeypatch):
+    """With the Spark provider's `spark_connect_default` connection defined, a capture task
+    is that server's client in the task: no spark-submit (its application does not even
+    exist here), the trail written, the run recorded."""
+    from trailbound_airflow.hooks import TrailboundHook
+    from trailbound_airflow.operators import TrailboundSparkSubmitOperator
+
+    config = _archive_and_config(tmp_path)
+    host, port = spark_remote.removeprefix("sc://").split(":")
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
+                       json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}))
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_dsn)
+    monkeypatch.setenv("TRAILBOUND_CONFIG", str(config))
+    assert TrailboundHook().spark_remote() == f"{spark_remote}/"
+    TrailboundHook().run_command(["archive", "scan"], remote=spark_remote)
+    task = TrailboundSparkSubmitOperator(kind="capture", group="EXT1", task_id="capture",
+                                         application=str(tmp_path / "no-such-job.py"), conn_id="spark_default",
+                                         application_args=["EXT1", "--until", "2026-11-01T01:00:00+00:00"])
+    assert task.execute({}) is None
+    assert [r["xid"] for r in _trail(tmp_path)] == ["A", "A", "B", "D"]

@@ -55,9 +55,11 @@ class SparkConnectUnavailable(TrailboundError):
 
 def session(app_name: str = "trailbound", master: str | None = None, remote: str | None = None):
     """A SparkSession with trailbound's settings. With `remote` (else $SPARK_REMOTE, unless
-    a `master` is given) a Spark Connect session; otherwise a classic one whose master
-    defaults to $SPARK_MASTER or local[*] (under spark-submit the master given there wins)."""
-    remote = remote or (None if master else os.environ.get(REMOTE_ENV) or None)
+    a `master` is given or spark-submit already started this process's JVM) a Spark
+    Connect session; otherwise a classic one whose master defaults to $SPARK_MASTER or
+    local[*] (under spark-submit the master given there wins)."""
+    if not remote and not master and not _under_spark_submit():
+        remote = os.environ.get(REMOTE_ENV) or None
     if remote:
         return connect_session(remote)
     return _classic_session(app_name, master)
@@ -97,10 +99,11 @@ def connect_session(url: str):
     from pyspark.sql import SparkSession
 
     address = _address(url)
+    named = f"sc://{address[0]}:{address[1]}"  # never the URL's parameters: a token may be among them
     try:
         socket.create_connection(address, timeout=5).close()
     except OSError as exc:
-        raise SparkConnectUnavailable(_down(url, exc.strerror or str(exc))) from None
+        raise SparkConnectUnavailable(_down(named, exc.strerror or str(exc))) from None
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
         for key in CONNECT_SESSION_CONF:  # the first call that reaches the server
@@ -110,7 +113,7 @@ def connect_session(url: str):
                 spark.conf.set(key, value)
     except Exception as exc:  # grpc's errors and pyspark's wrappers of them
         if type(exc).__module__.startswith(("grpc", "pyspark.errors")) and _unavailable(exc):
-            raise SparkConnectUnavailable(_down(url, " ".join(str(exc).split())[:200])) from None
+            raise SparkConnectUnavailable(_down(named, " ".join(str(exc).split())[:200])) from None
         raise
     return spark
 
@@ -123,7 +126,7 @@ _SPARK_DEFAULTS = {"spark.sql.shuffle.partitions": "200", "spark.sql.adaptive.en
 def _address(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "sc" or not parts.hostname:
-        raise TrailboundError(f"{REMOTE_ENV} / --remote {url!r}: expected sc://HOST:PORT")
+        raise TrailboundError(f"{REMOTE_ENV} / --remote {url.split(';')[0]!r}: expected sc://HOST:PORT")
     return parts.hostname, parts.port or 15002
 
 
