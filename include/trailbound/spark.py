@@ -9,9 +9,10 @@ Two kinds of session run the same engine code:
   client of a server that outlives the run (`python -m trailbound.devtools.sparkconnect`),
   with no JVM in this process.
 
-Connect has no SparkContext and no RDDs, so the engine uses only DataFrames: `parallelism`
-instead of `sparkContext.defaultParallelism`, `numbered` (one row per task) and `run_tasks`
-instead of `parallelize(...).map(...)`.
+Connect has no SparkContext and no RDDs, so the engine asks this module instead:
+`parallelism` instead of `sparkContext.defaultParallelism`, `numbered` (one row per task)
+and `run_tasks` instead of `parallelize(...).map(...)`. Only `numbered` looks at which
+kind of session it has.
 """
 
 from __future__ import annotations
@@ -184,9 +185,15 @@ def numbered(spark, count: int):
     """A frame of `count` rows (`n`: 0..count-1), one per partition, that the planner does
     not think small: its size is unknown, as an RDD's was, so a join of what a mapInArrow
     makes of it is never planned as a broadcast of that side (measured with a range of a
-    few numbers: the trail's join ran out of a 1g heap). Works on classic and Connect."""
+    few numbers: the trail's join ran out of a 1g heap). On a classic session an RDD's
+    rows, as before; on Connect, which has no RDDs, a Python data source's, registered
+    once per session (its planning runs in a Python worker of the server)."""
+    if not is_connect(spark):
+        return spark.createDataFrame(spark.sparkContext.parallelize([(n,) for n in range(count)], count), "n long")
     source = _numbered_source()
-    spark.dataSource.register(source)
+    if not getattr(spark, "_trailbound_numbered", False):
+        spark.dataSource.register(source)
+        spark._trailbound_numbered = True
     return spark.read.format(source.name()).option("count", str(count)).load()
 
 
