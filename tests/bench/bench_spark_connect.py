@@ -85,12 +85,19 @@ class World:
 
 def run(argv: list[str], env: dict, server_pid: int) -> tuple[float, float, float, str]:
     """Wall, the command's CPU, the server's CPU meanwhile, and its output."""
-    cpu, server, began = children_cpu(), tree_cpu(server_pid), time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
-    wall = time.perf_counter() - began
+    # Output to a file, not a pipe: a Python worker that outlives spark-submit's JVM for a
+    # moment would hold a pipe open and keep the wait going (seen once).
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as output:
+        cpu, server, began = children_cpu(), tree_cpu(server_pid), time.perf_counter()
+        done = subprocess.run(argv, env=env, stdout=output, stderr=subprocess.STDOUT, text=True, timeout=1800)
+        wall = time.perf_counter() - began
+        output.seek(0)
+        text = output.read()
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: {(done.stdout + done.stderr)[-3000:]}")
-    return wall, children_cpu() - cpu, tree_cpu(server_pid) - server, done.stdout
+        raise RuntimeError(f"{' '.join(argv)}: {text[-3000:]}")
+    return wall, children_cpu() - cpu, tree_cpu(server_pid) - server, text
 
 
 def command(variant: str, verb: list[str], job: str, remote: str) -> tuple[list[str], dict]:
