@@ -98,24 +98,32 @@ def test_capture_on_a_spark_connect_server_writes_the_trail_a_local_spark_writes
 
 
 def test_the_airflow_operator_runs_capture_in_the_task_on_the_spark_connect_connection(
-        tmp_path, metadata_dsn, spark_remote, monkeypatch):
+        tmp_path, metadata_dsn, spark_remote):
     """With the Spark provider's `spark_connect_default` connection defined, a capture task
     is that server's client in the task: no spark-submit (its application does not even
-    exist here), the trail written, the run recorded."""
-    from trailbound_airflow.hooks import TrailboundHook
-    from trailbound_airflow.operators import TrailboundSparkSubmitOperator
-
+    exist here, and the task's JAVA_HOME has no Java), the trail written. The task is a
+    process of its own, as an Airflow task is (pyspark refuses a Connect session in a
+    process that already runs a local one, as this test process does)."""
     config = _archive_and_config(tmp_path)
     host, port = spark_remote.removeprefix("sc://").split(":")
-    monkeypatch.delenv("SPARK_REMOTE", raising=False)
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
-                       json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}))
-    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_dsn)
-    monkeypatch.setenv("TRAILBOUND_CONFIG", str(config))
-    assert TrailboundHook().spark_remote() == f"{spark_remote}/"
-    TrailboundHook().run_command(["archive", "scan"], remote=spark_remote)
-    task = TrailboundSparkSubmitOperator(kind="capture", group="EXT1", task_id="capture",
-                                         application=str(tmp_path / "no-such-job.py"), conn_id="spark_default",
-                                         application_args=["EXT1", "--until", "2026-11-01T01:00:00+00:00"])
-    assert task.execute({}) is None
+    task = (
+        "import sys\n"
+        "from trailbound_airflow.hooks import TrailboundHook\n"
+        "from trailbound_airflow.operators import TrailboundSparkSubmitOperator\n"
+        "remote = TrailboundHook().spark_remote()\n"
+        "print('remote', remote)\n"
+        "TrailboundHook().run_command(['archive', 'scan'], remote=remote)\n"
+        "task = TrailboundSparkSubmitOperator(kind='capture', group='EXT1', task_id='capture',\n"
+        "    application=sys.argv[1], conn_id='spark_default',\n"
+        "    application_args=['EXT1', '--until', '2026-11-01T01:00:00+00:00'])\n"
+        "assert task.execute({}) is None\n")
+    env = {name: value for name, value in os.environ.items() if name != "SPARK_REMOTE"}
+    env.update({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host,
+                                                                  "port": int(port)}),
+                "TRAILBOUND_METADATA_DSN": metadata_dsn, "TRAILBOUND_CONFIG": str(config),
+                "JAVA_HOME": str(tmp_path / "no-java")})
+    done = subprocess.run([sys.executable, "-c", task, str(tmp_path / "no-such-job.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"remote {spark_remote}/" in done.stdout
     assert [r["xid"] for r in _trail(tmp_path)] == ["A", "A", "B", "D"]
