@@ -30,12 +30,25 @@ else
   DB_ENV    = env $$($(PYTHON) -m trailbound.devtools.localpg env $(PG_DIR))
 endif
 
+# The Spark that outlives the runs: a Spark Connect server (local[*], or $SPARK_MASTER) under
+# var/spark-connect, whose address the commands get as SPARK_REMOTE. With SPARK_REMOTE set,
+# that server is used and none is started.
+CONNECT_DIR := var/spark-connect
+ifdef SPARK_REMOTE
+  START_CONNECT := @echo "Using the Spark Connect server $(SPARK_REMOTE)"
+  CONNECT_ENV   :=
+else
+  START_CONNECT := $(PYTHON) -m trailbound.devtools.sparkconnect start $(CONNECT_DIR)
+  CONNECT_ENV    = env $$($(PYTHON) -m trailbound.devtools.sparkconnect env $(CONNECT_DIR))
+endif
+
 # pip on some machines warns about every configured-but-absent local index: keep the noise out.
 QUIET_PIP = 2>&1 | { grep -v '^WARNING: Location' || true; }; exit $${PIPESTATUS[0]}
 
 # Airflow runs from the repository: its home under var/airflow, our dags/ and plugins/,
-# Spark through the spark_default connection (local[*]; point it at a cluster master to
-# use one). The metadata store comes from TRAILBOUND_METADATA_DSN (or the
+# Spark on the Spark Connect server (SPARK_REMOTE, from `make connect`; or define the
+# spark_connect_default connection), else through the spark_default connection (local[*];
+# point it at a cluster master to use one). The metadata store comes from TRAILBOUND_METADATA_DSN (or the
 # trailbound_metadata connection, when you define one).
 # Two DAG bundles: dags/ (this configuration's) and var/live/dags (`make demo-live`'s,
 # written by the live demo), so the UI lists the live demo's DAGs beside their runs.
@@ -46,7 +59,7 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(CURDIR)/var/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CU
               PYTHONPATH=$(CURDIR)/plugins AIRFLOW__API__HOST=127.0.0.1 \
               AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'
 
-.PHONY: help install db browser demo demo-live demo-run demo-register test reliability bench soak env clean distclean airflow dags
+.PHONY: help install db connect browser demo demo-live demo-run demo-register test reliability bench soak env clean distclean airflow dags
 
 help:
 	@echo "make demo      set up, start a local PostgreSQL, run the pipeline on the simulated source"
@@ -57,7 +70,8 @@ help:
 	@echo "make soak      the live pipeline under Airflow's scheduler for 30 minutes, with faults (docs/benchmarks/soak.md)"
 	@echo "make airflow   start airflow standalone (the UI on http://localhost:8080) with the DAGs loaded"
 	@echo "make dags      regenerate dags/ from the configuration file"
-	@echo "make clean     stop and remove the local PostgreSQL and everything under var/"
+	@echo "make connect   start the local Spark Connect server (var/spark-connect) the runs use"
+	@echo "make clean     stop the Spark Connect server, remove the local PostgreSQL and everything under var/"
 	@echo "make distclean clean, and remove .venv"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -75,6 +89,10 @@ db: $(STAMP)
 
 env: $(STAMP)
 	@$(PYTHON) -m trailbound.devtools.localpg env $(PG_DIR)
+	@$(PYTHON) -m trailbound.devtools.sparkconnect env $(CONNECT_DIR) 2>/dev/null || true
+
+connect: $(STAMP)
+	$(START_CONNECT)
 
 $(DEMO)/archive/defs.json: | $(STAMP)
 	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48
@@ -93,14 +111,14 @@ DEMO_SUMMARY := Extract [A-Z0-9_]*: [^[]*\|EXTRACT [A-Z0-9_]* [^[]*\|Pump [A-Z0-
 DEMO_END     := $(lastword $(DEMO_DATES))
 define dag_test
 	@log=$(DEMO)/logs/$(1)_$(subst :,,$(2)).log; began=$$(date +%s); \
-	$(DB_ENV) $(AIRFLOW_ENV) $(PYTHON) -m trailbound_airflow.dagtest $(1) $(2) $(3) > $$log 2>&1; \
+	$(DB_ENV) $(CONNECT_ENV) $(AIRFLOW_ENV) $(PYTHON) -m trailbound_airflow.dagtest $(1) $(2) $(3) > $$log 2>&1; \
 	state=$$(grep -o 'DagRun Finished.*state=[a-z]*' $$log | tail -1 | sed 's/.*state=//'); \
 	printf '  %s %s: %s (%s s)\n' $(2) $(1) "$${state:-error}" $$(( $$(date +%s) - began )); \
 	grep -o "$(DEMO_SUMMARY)" $$log | sed 's/ *$$//; s/ (checked in [0-9.]* s)$$//' | uniq | sed 's/^/      /'; \
 	test "$$state" = success || { echo "  -> $$log"; tail -30 $$log; exit 1; }
 endef
 
-demo: db $(DEMO)/archive/defs.json var/airflow/airflow.db
+demo: db connect $(DEMO)/archive/defs.json var/airflow/airflow.db
 	@mkdir -p $(DEMO)/logs
 	@echo "== the target's tables, made from the source's table definitions"
 	$(DB_ENV) trailbound target create
@@ -138,8 +156,8 @@ demo-register:
 # The live demo: a second local server (var/pg-source, wal_level=logical) is the source,
 # pgbench writes to it while Airflow runs capture (pulling first), pump and replicat;
 # then source and target are compared table by table. Always on the local servers.
-demo-live: $(STAMP) var/airflow/airflow.db
-	$(AIRFLOW_ENV) $(PYTHON) -m trailbound.devtools.livedemo
+demo-live: $(STAMP) connect var/airflow/airflow.db
+	$(CONNECT_ENV) $(AIRFLOW_ENV) $(PYTHON) -m trailbound.devtools.livedemo
 
 # The soak (docs/benchmarks/soak.md): the live pipeline run by Airflow's scheduler, triggerer
 # and API server for SOAK_MINUTES while pgbench writes, with kill -9 of tasks and of the
@@ -175,11 +193,12 @@ var/airflow/airflow.db: | $(STAMP)
 	mkdir -p var/airflow var/live/dags
 	$(AIRFLOW_ENV) airflow db migrate > var/airflow/migrate.log
 
-airflow: db var/airflow/airflow.db
+airflow: db connect var/airflow/airflow.db
 	@mkdir -p var/live/dags
-	$(DB_ENV) $(AIRFLOW_ENV) airflow standalone
+	$(DB_ENV) $(CONNECT_ENV) $(AIRFLOW_ENV) airflow standalone
 
 clean:
+	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.sparkconnect stop $(CONNECT_DIR)
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove $(PG_DIR)
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove var/pg-source
 	-test -x $(PYTHON) && $(PYTHON) -m trailbound.devtools.localpg remove var/soak/pg-source

@@ -208,6 +208,27 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_remote(spark):
+    """sc://127.0.0.1:PORT of a Spark Connect service run by the suite's own JVM (the
+    `spark` session's): a `trailbound` process given it as SPARK_REMOTE runs its Spark work
+    there and starts no JVM of its own. The same server class as
+    trailbound.devtools.sparkconnect's, started inside a running SparkContext."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    jvm = spark._jvm
+    conf = jvm.org.apache.spark.SparkEnv.get().conf()  # read by the service as it starts
+    conf.set("spark.connect.grpc.binding.address", "127.0.0.1")
+    conf.set("spark.connect.grpc.binding.port", str(port))
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
+    yield f"sc://127.0.0.1:{port}"
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.stop(jvm.scala.Option.empty(),
+                                                                      jvm.scala.Option.empty())
+
+
 def pytest_terminal_summary(terminalreporter):
     """The crash matrix (tests/test_crash_matrix.py, docs/reliability.md): crash points x
     seeds, each cell's divergence count, then the totals. Each seed's test hands its row

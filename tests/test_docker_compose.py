@@ -12,7 +12,8 @@ AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "a
 
 
 def test_the_stack_has_every_service():
-    expected = {"airflow-db", "trailbound-db", "spark-master", "spark-worker", "airflow-init", *AIRFLOW}
+    expected = {"airflow-db", "trailbound-db", "spark-master", "spark-worker", "spark-connect", "airflow-init",
+                *AIRFLOW}
     assert expected <= set(COMPOSE["services"])
 
 
@@ -48,3 +49,20 @@ def test_databases_are_health_checked_before_airflow_starts():
     for name in ("airflow-db", "trailbound-db"):
         assert "pg_isready" in COMPOSE["services"][name]["healthcheck"]["test"]
     assert COMPOSE["services"]["airflow-scheduler"]["depends_on"]["trailbound-db"]["condition"] == "service_healthy"
+
+
+def test_airflow_reaches_a_spark_connect_server_on_the_cluster_that_imports_trailbound():
+    import json
+
+    server = COMPOSE["services"]["spark-connect"]
+    command = server["command"]
+    assert "org.apache.spark.sql.connect.service.SparkConnectServer" in command
+    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
+    port = next(c.split("=")[1] for c in command if c.startswith("spark.connect.grpc.binding.port="))
+    assert "./:/opt/trailbound" in server["volumes"]
+    assert server["environment"]["PYTHONPATH"] == "/opt/trailbound/include"
+    assert "spark.executorEnv.PYTHONPATH=/opt/trailbound/include" in command
+    assert (REPO / "include" / "trailbound" / "__init__.py").is_file()
+    for name in AIRFLOW:
+        connection = json.loads(COMPOSE["services"][name]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+        assert connection == {"conn_type": "spark_connect", "host": "spark-connect", "port": int(port)}

@@ -251,6 +251,10 @@ def for_location(location: str, spark=None):
     if spark is None:
         raise TrailboundError(f"{location}: not a local path; reaching it needs Spark's Hadoop filesystem "
                               "(run through spark-submit, or a command that starts Spark)")
+    if not hasattr(spark, "_jvm"):  # a Spark Connect session: no JVM in this process
+        raise TrailboundError(f"{location}: not a local path; reaching it needs Spark's Hadoop filesystem in this "
+                              "process, which a Spark Connect session does not have (unset SPARK_REMOTE, or run the "
+                              "stage through spark-submit)")
     return HadoopFS(spark)
 
 

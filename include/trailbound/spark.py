@@ -1,13 +1,34 @@
-"""Building the SparkSession. Jobs and the CLI build one and pass it down; library code
-never creates its own."""
+"""Building the SparkSession, and the few things the engine asks of any session. Jobs and
+the CLI build one and pass it down; library code never creates its own.
+
+Two kinds of session run the same engine code:
+
+- a classic session, whose JVM this process starts (local[*], $SPARK_MASTER, or the
+  master spark-submit was given), and
+- a Spark Connect session (`SPARK_REMOTE=sc://host:port`, or the CLI's `--remote`): a
+  client of a server that outlives the run (`python -m trailbound.devtools.sparkconnect`),
+  with no JVM in this process.
+
+Connect has no SparkContext and no RDDs, so the engine asks this module instead:
+`parallelism` instead of `sparkContext.defaultParallelism`, `numbered` (one row per task)
+and `run_tasks` instead of `parallelize(...).map(...)`. Only `numbered` looks at which
+kind of session it has.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Callable
+import pickle
+import socket
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+from urllib.parse import urlsplit
+
+from trailbound.errors import TrailboundError
 
 # Settings every trailbound session needs, whoever builds it (spark-submit passes the
-# same ones as --conf from the job entry points).
+# same ones as --conf from the job entry points; the Connect server is started with them).
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",  # the contract's times are UTC; never the host's zone
     "spark.log.level": "WARN",            # keep task logs readable
@@ -16,26 +37,54 @@ SESSION_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # staging files read by pyarrow
 }
+# The SESSION_CONF entries a Connect client may set on its own session (SQL settings);
+# the others belong to the server's JVM and are given when it starts.
+CONNECT_SESSION_CONF = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.pyspark.enabled",
+                        "spark.sql.parquet.outputTimestampType")
 # Tuning for backlog-sized batches. Unlike the settings above these change no result, so
 # a deployment's spark-defaults.conf (or a --conf) wins over each of them.
 TUNING_DEFAULTS = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
 }
+REMOTE_ENV = "SPARK_REMOTE"
 
 
-def session(app_name: str = "trailbound", master: str | None = None):
-    """A SparkSession with trailbound's settings. `master` defaults to $SPARK_MASTER or
-    local[*]; under spark-submit the master given there wins."""
+class SparkConnectUnavailable(TrailboundError):
+    """The Spark Connect server named by SPARK_REMOTE / --remote does not answer."""
+
+
+def session(app_name: str = "trailbound", master: str | None = None, remote: str | None = None):
+    """A SparkSession with trailbound's settings. With `remote` (else $SPARK_REMOTE, unless
+    a `master` is given or spark-submit already started this process's JVM) a Spark
+    Connect session; otherwise a classic one whose master defaults to $SPARK_MASTER or
+    local[*] (under spark-submit the master given there wins)."""
+    if not remote and not master and not _under_spark_submit():
+        remote = os.environ.get(REMOTE_ENV) or None
+    if remote:
+        return connect_session(remote)
+    return _classic_session(app_name, master)
+
+
+def _classic_session(app_name: str, master: str | None):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if not _under_spark_submit():
+        workers_import_trailbound(os.environ)
     builder = SparkSession.builder.appName(app_name)
     if master or "SPARK_MASTER" in os.environ or not _under_spark_submit():
         builder = builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # pyspark's builder turns into a Connect client whenever SPARK_REMOTE is set; here
+    # a classic session was asked for (an explicit master, the test suite's own session).
+    remote = os.environ.pop(REMOTE_ENV, None)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if remote is not None:
+            os.environ[REMOTE_ENV] = remote
     spark.sparkContext.setLogLevel("WARN")
     given = spark.sparkContext.getConf()  # spark-defaults.conf and --conf, as the JVM started
     for key, value in TUNING_DEFAULTS.items():
@@ -44,8 +93,161 @@ def session(app_name: str = "trailbound", master: str | None = None):
     return spark
 
 
+def connect_session(url: str):
+    """A Spark Connect session on the server at `url` (sc://host:port), with the session
+    settings Connect lets a client set. A server that does not answer is one clear error
+    naming the address, not a gRPC traceback after minutes of retries."""
+    from pyspark.sql import SparkSession
+
+    address = _address(url)
+    named = f"sc://{address[0]}:{address[1]}"  # never the URL's parameters: a token may be among them
+    try:
+        socket.create_connection(address, timeout=5).close()
+    except OSError as exc:
+        raise SparkConnectUnavailable(_down(named, exc.strerror or str(exc))) from None
+    try:
+        spark = SparkSession.builder.remote(url).getOrCreate()
+        for key in CONNECT_SESSION_CONF:  # the first call that reaches the server
+            spark.conf.set(key, SESSION_CONF[key])
+        for key, value in TUNING_DEFAULTS.items():
+            if spark.conf.get(key, None) in (None, _SPARK_DEFAULTS.get(key)):
+                spark.conf.set(key, value)
+    except Exception as exc:  # grpc's errors and pyspark's wrappers of them
+        if type(exc).__module__.startswith(("grpc", "pyspark.errors")) and _unavailable(exc):
+            raise SparkConnectUnavailable(_down(named, " ".join(str(exc).split())[:200])) from None
+        raise
+    return spark
+
+
+# Spark's own values of TUNING_DEFAULTS: a server that reports these was not tuned by
+# its deployment, and trailbound's defaults apply as on a classic session.
+_SPARK_DEFAULTS = {"spark.sql.shuffle.partitions": "200", "spark.sql.adaptive.enabled": "true"}
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "sc" or not parts.hostname:
+        raise TrailboundError(f"{REMOTE_ENV} / --remote {url.split(';')[0]!r}: expected sc://HOST:PORT")
+    return parts.hostname, parts.port or 15002
+
+
+def _down(url: str, why: str) -> str:
+    return (f"Spark Connect server {url} is not reachable ({why}); start it "
+            "(`python -m trailbound.devtools.sparkconnect start DIR`, `make connect`) or unset SPARK_REMOTE")
+
+
+def _unavailable(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(word in text for word in ("UNAVAILABLE", "failed to connect", "Connection refused",
+                                         "Deadline Exceeded", "DEADLINE_EXCEEDED"))
+
+
+def is_connect(spark) -> bool:
+    """A Spark Connect session (no SparkContext here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_SUBMIT" in os.environ
+
+
+def workers_import_trailbound(env: dict) -> dict:
+    """Make `env` (the environment a JVM about to start inherits) start Spark's Python
+    workers with this interpreter and a path that finds trailbound. Without it a CLI run
+    by its absolute path with no virtualenv on PATH (cron, systemd, a BashOperator) had
+    its workers run `python3` from PATH: "No module named 'trailbound'". A PYSPARK_PYTHON
+    already set (a cluster's) is kept."""
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    here = str(Path(__file__).resolve().parents[1])  # the directory that holds trailbound/
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([here, *paths])
+    return env
+
+
+def parallelism(spark) -> int:
+    """How many tasks the session runs at once: spark.default.parallelism when set (the
+    Connect server devtool sets it), else the SparkContext's on a classic session, else
+    the cores a local[N] / local[*] master names."""
+    given = spark.conf.get("spark.default.parallelism", None)
+    if given:
+        return max(int(given), 1)
+    if not is_connect(spark):
+        return max(spark.sparkContext.defaultParallelism, 1)
+    master = spark.conf.get("spark.master", "local[*]") or "local[*]"
+    inside = master[master.find("[") + 1:master.find("]")] if master.startswith("local[") else ""
+    if inside.isdigit():
+        return max(int(inside), 1)
+    return max(os.cpu_count() or 1, 1) if master.startswith("local") else 8
+
+
+def numbered(spark, count: int):
+    """A frame of `count` rows (`n`: 0..count-1), one per partition, that the planner does
+    not think small: its size is unknown, as an RDD's was, so a join of what a mapInArrow
+    makes of it is never planned as a broadcast of that side (measured with a range of a
+    few numbers: the trail's join ran out of a 1g heap). On a classic session an RDD's
+    rows, as before; on Connect, which has no RDDs, a Python data source's, registered
+    once per session (its planning runs in a Python worker of the server)."""
+    if not is_connect(spark):
+        return spark.createDataFrame(spark.sparkContext.parallelize([(n,) for n in range(count)], count), "n long")
+    source = _numbered_source()
+    if not getattr(spark, "_trailbound_numbered", False):
+        spark.dataSource.register(source)
+        spark._trailbound_numbered = True
+    return spark.read.format(source.name()).option("count", str(count)).load()
+
+
+def _numbered_source():
+    """numbered's Python data source (defined on first use: importing pyspark.sql costs a
+    run that needs no Spark)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class NumberedReader(DataSourceReader):
+        def __init__(self, count: int):
+            self.count = count
+
+        def partitions(self):
+            return [InputPartition(n) for n in range(self.count)]
+
+        def read(self, partition):
+            yield (partition.value,)
+
+    class Numbered(DataSource):
+        @classmethod
+        def name(cls):
+            return "trailbound_numbered"
+
+        def schema(self):
+            return "n long"
+
+        def reader(self, schema):
+            return NumberedReader(int(self.options["count"]))
+    return Numbered
+
+
+def run_tasks(spark, function: Callable[[object], object], items: Sequence[object]) -> list:
+    """`function(item)` for each item in a Spark task of its own, the results in the
+    items' order: `parallelize(items, len(items)).map(function).collect()` on any session.
+    The items travel pickled with the function, so keep them small (task descriptions)."""
+    import pyarrow as pa
+
+    if not items:
+        return []
+    shipped = pickle.dumps(list(items))
+
+    def run(batches):
+        todo = pickle.loads(shipped)
+        for batch in batches:
+            numbers = batch.column(0).to_pylist()
+            yield pa.RecordBatch.from_pydict(
+                {"n": numbers, "result": [pickle.dumps(function(todo[n])) for n in numbers]},
+                schema=pa.schema([("n", pa.int64()), ("result", pa.binary())]))
+
+    # A range of n numbers in n slices is one number per task; nothing joins this frame,
+    # so its small size estimate does no harm (compare numbered).
+    numbers = spark.range(0, len(items), 1, len(items)).withColumnRenamed("id", "n")
+    rows = numbers.mapInArrow(run, "n long, result binary").collect()
+    return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda row: row["n"])]
 
 
 def on_demand(spark) -> Callable[[], object]:

@@ -15,6 +15,11 @@ Resolved DSNs are handed to the engine as arguments (`dsn=`, `source_dsn=`,
 `target_dsn=`, `cli.main(..., dsns=)`), never written to `os.environ`, and never logged.
 The one process that gets them in its environment is a spark-submit job's, as a dict
 given to that child process (operators.py).
+
+Spark. With a Spark Connect server (`spark_remote`: the `spark_connect_default`
+connection, else $SPARK_REMOTE) every run that needs Spark runs in the task as a client
+of that server, with no JVM of its own; without one, capture is a spark-submit job and
+the work in the task starts a local session.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ from airflow.sdk.exceptions import AirflowException
 from trailbound import config as configuration
 from trailbound.errors import spark_task_errors_as_ours
 from trailbound.metadata import MetadataStore
+
+
+# The Spark provider's Spark Connect connection (conn type `spark_connect`) that names the
+# server every stage's Spark work runs on (docs/orchestration.md).
+SPARK_CONNECT_CONN_ID = "spark_connect_default"
 
 
 class TrailboundHook(BaseHook):
@@ -108,12 +118,25 @@ class TrailboundHook(BaseHook):
         finally:
             store.close()
 
+    def spark_remote(self) -> str | None:
+        """The Spark Connect server's URL (sc://host:port): the `spark_connect_default`
+        connection (the Spark provider's `spark_connect` type, read by its
+        SparkConnectHook) when defined, else $SPARK_REMOTE; None: no server, each run
+        starts its own Spark (spark-submit, or a local session in the task)."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        try:
+            return SparkConnectHook(SPARK_CONNECT_CONN_ID).get_connection_url()
+        except Exception:  # not defined (or no backend can say): the variable, as the CLI reads it
+            return os.environ.get("SPARK_REMOTE") or None
+
     @contextmanager
     def spark(self, name: str):
-        """A Spark session for work that runs inside the task (local unless $SPARK_MASTER)."""
+        """A Spark session for work that runs inside the task: on the Spark Connect server
+        when there is one (spark_remote), else local unless $SPARK_MASTER."""
         from trailbound import spark as spark_session
 
-        session = spark_session.session(name)
+        session = spark_session.session(name, remote=self.spark_remote())
         try:
             with spark_task_errors_as_ours():  # the task log's error names the file, not a worker's traceback
                 yield session
@@ -122,18 +145,19 @@ class TrailboundHook(BaseHook):
 
     # ------------------------------------------------------------ the command line
 
-    def run_command(self, argv: list[str]) -> str:
+    def run_command(self, argv: list[str], *, remote: str | None = None) -> str:
         """Run one `trailbound` command line in this process (the same verbs as the CLI, so
         the UI and the shell speak one language) with the DSNs this hook resolves; return
         what it printed, or raise with it when the command fails. For the control DAG and
         the runs in the task: what these commands print is their result (INFO, SHOWTRANS,
-        a directive recorded), and the CLI records a run's outcome as the shell's would."""
+        a directive recorded), and the CLI records a run's outcome as the shell's would.
+        `remote`: the Spark Connect server the command's Spark work runs on."""
         from trailbound import cli
 
         output = io.StringIO()
         with redirect_stdout(output), redirect_stderr(output):
-            status = cli.main([*(["--config", self.config_path] if self.config_path else []), *argv],
-                              dsns=self.dsns())
+            status = cli.main([*(["--config", self.config_path] if self.config_path else []),
+                               *(["--remote", remote] if remote else []), *argv], dsns=self.dsns())
         self.log.info("trailbound %s\n%s", " ".join(argv), output.getvalue())
         if status != 0:
             raise AirflowException(f"trailbound {' '.join(argv)} failed: {output.getvalue().strip()}")

@@ -14,7 +14,10 @@ Pump and replicat of local trails need no Spark (replicat starts it only to net 
 key-changing UPDATEs than replicat/net/python.py's LIMIT in a chunk): with a local Spark master they
 run in the task itself (TrailboundHook.runs_in_the_task), sparing each run
 spark-submit's JVM start (docs/architecture.md, "Where each stage runs"). Capture, and
-every run for a cluster master or a trail out of the local filesystem, is submitted.
+every run for a cluster master or a trail out of the local filesystem, is submitted,
+unless there is a Spark Connect server (TrailboundHook.spark_remote: the
+`spark_connect_default` connection, else $SPARK_REMOTE): then every run is that server's
+client in the task, with no spark-submit and no JVM in the worker.
 
 A submitted job gets its DSNs (the metadata store's, and a replicat's the target's) as
 TrailboundHook resolves them, in the spark-submit child process's environment: a dict
@@ -35,12 +38,21 @@ from airflow.sdk.exceptions import AirflowNotFoundException, AirflowSkipExceptio
 from trailbound_airflow.hooks import TrailboundHook
 
 
+# A kind of group -> its verb on the command line (what jobs/extract.py, pump.py, replicat.py run).
+VERBS = {"capture": "extract", "pump": "pump", "replicat": "replicat"}
+
+
 class TrailboundSparkSubmitOperator(SparkSubmitOperator):
     """SparkSubmitOperator for one capture/pump/replicat run of `group` (`kind`)."""
 
     def __init__(self, *, kind: str, group: str, **kwargs):
         super().__init__(**kwargs)
         self.kind, self.group = kind, group
+
+    def _options(self) -> list[str]:
+        """The job's arguments after the group (jobs/*.py put the verb before them)."""
+        args = [str(a) for a in self.application_args or []]
+        return args[1:] if args[:1] == [self.group] else args
 
     def _until(self) -> str | None:
         args = list(self.application_args or [])
@@ -53,6 +65,13 @@ class TrailboundSparkSubmitOperator(SparkSubmitOperator):
         self.log.info("%s (checked in %.1f s)", reason or "work to do", time.perf_counter() - began)
         if reason:
             raise AirflowSkipException(reason)
+        remote = hook.spark_remote()
+        if remote:
+            # A warm Spark Connect server: the run is its client, in this task, with no
+            # spark-submit and no JVM here (docs/architecture.md, "Where each stage runs").
+            self.log.info("%s %s runs in this task on the Spark Connect server", self.kind, self.group)
+            hook.run_command([VERBS[self.kind], "run", self.group, *self._options()], remote=remote)
+            return None
         master = self._spark_master()
         airflow_run = [context["ti"].dag_id, context["run_id"]]
         if self.kind in ("pump", "replicat") and hook.runs_in_the_task(self.kind, self.group, master):

@@ -21,6 +21,7 @@ from trailbound.archive.segments import Segment
 from trailbound.errors import ArchiveError
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Scn
+from trailbound.spark import run_tasks
 
 AVAILABLE, PURGED = "available", "purged"
 
@@ -284,7 +285,7 @@ def check_segments(spark, segments: Sequence[Segment]) -> None:
     for segment in sorted(segments, key=lambda s: (s.thread, s.sequence)):
         threads.setdefault(segment.thread, []).append(segment)
     groups = list(threads.values())
-    results = spark.sparkContext.parallelize(groups, len(groups)).map(seg.check_thread).collect()
+    results = run_tasks(spark, seg.check_thread, groups)
     errors = [error for error, _ in results if error is not None]
     if errors:
         order = {str(s.path): (s.thread, s.sequence) for s in segments}

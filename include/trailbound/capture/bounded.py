@@ -21,6 +21,7 @@ from trailbound.capture import checkpoints as ckpt
 from trailbound.crash import crashpoint
 from trailbound.durable import file_sha256, fsync_directory, temporary_path
 from trailbound.positions import LogPosition, Scn
+from trailbound.spark import parallelism
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -132,7 +133,7 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
             yield finish(current)
 
     wanted = spark.createDataFrame(keys, "thread int, txid string")
-    tasks = max(1, min(len(keys), 2 * spark.sparkContext.defaultParallelism))
+    tasks = max(1, min(len(keys), 2 * parallelism(spark)))
     try:
         written = (records.withColumn("txid", F.coalesce("parent_xid", "xid"))
                    .join(F.broadcast(wanted), ["thread", "txid"])

@@ -35,6 +35,7 @@ from trailbound.archive import contract, reader
 from trailbound.archive.segments import Segment
 from trailbound.errors import ArchiveError
 from trailbound.positions import LogPosition, Scn
+from trailbound.spark import numbered, parallelism
 from trailbound.tables import python_regex
 from trailbound.trail.format import FIXED_ROW_BYTES
 
@@ -191,7 +192,7 @@ class LogRead:
         """`function` over the window's records of `inputs` (and of the JSON Lines
         segments), task by task."""
         output = spark_schema(schema)
-        chunks, window = _chunks(inputs, max(self.spark.sparkContext.defaultParallelism, 1)), self.window
+        chunks, window = _chunks(inputs, parallelism(self.spark)), self.window
 
         def read_chunks(batches):
             for batch in batches:
@@ -202,11 +203,9 @@ class LogRead:
 
         frames = []
         if chunks:
-            # One task per chunk. From an RDD, not spark.range: the planner sizes a frame by
-            # its source, and a range of a few numbers would make the records look small
-            # enough to broadcast (measured: the trail's join ran out of a 1g heap).
-            numbers = self.spark.createDataFrame(
-                self.spark.sparkContext.parallelize([(n,) for n in range(len(chunks))], len(chunks)), "chunk long")
+            # One task per chunk, from a frame whose size the planner does not know (not
+            # spark.range: see trailbound.spark.numbered).
+            numbers = numbered(self.spark, len(chunks))
             frames.append(numbers.mapInArrow(read_chunks, output))
         if self._jsonl and read_jsonl:
             def from_spark(batches):

@@ -32,6 +32,7 @@ from trailbound.capture.logread import spark_schema
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, csn_at_or_below
+from trailbound.spark import parallelism
 from trailbound.trail import format as trails
 from trailbound import files as trailfs
 
@@ -112,7 +113,7 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
                 "bytes": info.bytes, "sha256": info.sha256, "first_csn": str(info.first_csn),
                 "last_csn": str(info.last_csn)}], schema=_WRITTEN)
 
-    tasks = max(1, min(len(expected), max(8, 2 * spark.sparkContext.defaultParallelism)))
+    tasks = max(1, min(len(expected), max(8, 2 * parallelism(spark))))
     try:
         # Hash partitioning by file: no sampling pass (a range partitioner would compute
         # the records twice), and any partitioning keeps each file in one task.

@@ -66,7 +66,8 @@ class Context:
         if self._spark is None:
             from trailbound import spark
 
-            self._spark = spark.session(f"trailbound {' '.join(sys.argv[1:3])}".strip())
+            self._spark = spark.session(f"trailbound {' '.join(sys.argv[1:3])}".strip(),
+                                        remote=getattr(self.args, "remote", None))
         return self._spark
 
     def source_name(self) -> str:

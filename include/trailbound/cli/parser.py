@@ -43,7 +43,8 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound load SRC REP1 [--table P]     initial load on Spark: at the slot's snapshot, or between watermarks
 
 Every verb reads the configuration file (--config, else $TRAILBOUND_CONFIG) and the
-metadata store's DSN from the variable the file names. Errors a user can act on are
+metadata store's DSN from the variable the file names. A verb that needs Spark talks to
+the Spark Connect server --remote (else $SPARK_REMOTE) names, else starts a local Spark. Errors a user can act on are
 printed as one `ERROR` paragraph naming the file, key or position, exit status 1; a
 command line that does not parse prints its usage, exit status 2. Times are UTC.
 """
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trailbound", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help=f"configuration file (default ${configuration.CONFIG_ENV})")
+    parser.add_argument("--remote", metavar="sc://HOST:PORT",
+                        help="run Spark work on this Spark Connect server (default $SPARK_REMOTE; unset: a local "
+                             "Spark in this process)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     archive_actions = archive.arguments(verbs)
     load.arguments(verbs)

@@ -202,7 +202,9 @@ def _run_tasks(spark, tasks: list[RangeTask]) -> list[sides.RangeResult]:
     if spark is None:  # a caller without Spark (a quick check of a few small tables)
         return [sides.check_range(task) for task in tasks]
     try:
-        return spark.sparkContext.parallelize(tasks, len(tasks)).map(sides.check_range).collect()
+        from trailbound.spark import run_tasks
+
+        return run_tasks(spark, sides.check_range, tasks)
     except Exception as exc:  # Py4JJavaError carries the Python traceback of the failed task
         text = str(exc)
         cause = next((line for line in reversed(text.splitlines()) if "Error" in line), text.splitlines()[0])

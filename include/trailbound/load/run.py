@@ -244,15 +244,15 @@ class _Load:
                                    **extra(chunk)))
         if not tasks:
             return
-        context = self.spark.sparkContext
-        wave = max(context.defaultParallelism, 1)
+        from trailbound.spark import parallelism, run_tasks
+
+        wave = parallelism(self.spark)
         source_dsn, target_dsn = self.source_dsn, self.target_dsn
         began, copied = time.perf_counter(), 0
         for start in range(0, len(tasks), wave):
             batch = tasks[start:start + wave]
             try:
-                done = context.parallelize(batch, len(batch)).map(
-                    lambda task: copy_chunk(task, source_dsn, target_dsn)).collect()
+                done = run_tasks(self.spark, lambda task: copy_chunk(task, source_dsn, target_dsn), batch)
             except Exception as exc:  # a task's error comes wrapped in the JVM's
                 raise TrailboundError(f"load {load_id}: a chunk failed: {_task_error(exc)}; the chunks done are "
                                       "recorded, run the load again") from None

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from trailbound.copytext import COPY_ESCAPES, COPY_NULL
+from trailbound.spark import parallelism
 from trailbound.replicat.net import (CARRIES_IMAGE, DELETED, ENDS, LINES_SCHEMA, MODIFY, MOVED_IN, MOVED_OUT, NEW,
                                      STEP, Backend, Shapes, lifetime_of, lines_of, resolve_chains)
 
@@ -211,7 +212,7 @@ def net_table(records: pa.Table, shapes: Shapes, start_spark, workdir: Path) -> 
     shutil.rmtree(workdir, ignore_errors=True)
     inputs.mkdir(parents=True)
     # Several files, so that Spark reads (and parses the images) in parallel.
-    pieces = max(1, min(spark.sparkContext.defaultParallelism, len(records) // 20_000))
+    pieces = max(1, min(parallelism(spark), len(records) // 20_000))
     step = -(-len(records) // pieces)
     for number, offset in enumerate(range(0, len(records), step)):
         pq.write_table(records.slice(offset, step), inputs / f"part-{number:05d}.parquet", compression="lz4")
