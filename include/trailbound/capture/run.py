@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from trailbound import copytext
+from trailbound import copytext, runcounts
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon
 from trailbound.archive.segments import Segment, load_defs
 from trailbound.capture import bounded
@@ -237,7 +237,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     expected = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024))
     watch.lap("plan trail files (Spark)")
     crashpoint("before_trail_write")
-    files = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
+    files, counts = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
                                    expected, prefix, state.write.position.seqno + 1, group=state.group,
                                    log_bsn=log_bsn, layouts=_copy_line_layouts(config, extract))
     watch.lap("write trail files (Spark tasks)")
@@ -324,6 +324,8 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
             "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
             "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
             "br_checkpoint_id": checkpoint_id}, warnings, done)
+        runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
+                         counts)
     watch.lap("checkpoints")
     crashpoint("after_checkpoint_commit")
     if not extract.br.brkeepstalefiles:

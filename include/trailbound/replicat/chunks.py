@@ -11,7 +11,7 @@ position, log CSN, xids, audit time).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, TrailPosition, csn_at_or_below
+from trailbound.runcounts import count_ops
 from trailbound.replicat.net.rows import NetRows
 from trailbound.replicat.windows import WATERMARK, high_watermarks
 from trailbound.trail import format as trails
@@ -46,6 +47,7 @@ class Group:
     audit_ts: datetime
     log_bsn: Scn
     operations: int
+    op_counts: list[tuple[str, str, int]] = field(default_factory=list)   # (table, op, n): STATS REPLICAT
 
 
 @dataclass
@@ -297,6 +299,13 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
                 txns=applied_txns[cuts[g]:cuts[g + 1]].tolist(), units=units, end=TrailPosition(end_seqno, end_rba),
                 log_csn=last_csns[g], log_xid=last_xids[g], cmplt_xids=cmplt[cmplt_cuts[g]:cmplt_cuts[g + 1]],
                 audit_ts=last_ts[g], log_bsn=bsn_values[g], operations=operations[g]))
+    if groups:
+        # Each group's operations per table, for STATS REPLICAT: one group-by per chunk.
+        txn_of_record = np.repeat(np.arange(len(starts)), stops - starts)
+        keyed = pa.table({"group": group_of_txn[txn_of_record], "table": tables, "op": records.column("op")})
+        for g, table, op, count in count_ops(keyed, keys=("group",)):
+            if g >= 0:
+                groups[g].op_counts.append((table, op, count))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
     return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn,
                  images=images.of(records) if images is not None and "after" not in records.schema.names else None)

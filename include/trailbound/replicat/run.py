@@ -50,6 +50,7 @@ import psycopg2
 import psycopg2.errors
 
 from trailbound import files as trailfs
+from trailbound import runcounts
 from trailbound import spark as spark_session
 from trailbound.archive.segments import load_defs
 from trailbound.config import Config
@@ -67,6 +68,7 @@ from trailbound.replicat.apply.serial import FastApplier, Replayer, ReplayStats,
 from trailbound.replicat.chunks import Chunk, DeferredImages, Group, TrailFile, cut, plan_chunk
 from trailbound.replicat.net import arrow
 from trailbound.replicat.windows import Windows
+from trailbound.runcounts import TableCounts
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
@@ -207,6 +209,7 @@ class RunResult:
     collisions: int = 0
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    counts: TableCounts = field(default_factory=TableCounts)   # per source table, what committed (STATS)
 
     def describe(self) -> str:
         text = (f"Replicat {self.group}: from {self.started_from} at seqno {self.start.seqno} rba {self.start.rba}"
@@ -417,6 +420,7 @@ class _Run:
         self.result.groups += 1
         self.result.transactions += len(group.txns)
         self.result.operations += group.operations
+        self.result.counts.add_rows(group.op_counts)
         self.timer.add("apply: COPY and merge", statements)
         if waiting is not None:  # applied on a parallel lane
             self.result.parallel_groups += 1
@@ -443,11 +447,16 @@ class _Run:
         for txn in group.txns:
             records = chunk.transaction(txn)
             stats = ReplayStats()
+            counts = TableCounts()
             record = None
             try:
                 with self.connection.cursor() as cur:
                     for record in records:
+                        collisions = stats.collisions
                         self.replayer.apply(cur, record, stats)
+                        counts.add_op(record["table"], record["op"])
+                        if stats.collisions > collisions:
+                            counts.add(record["table"], "collisions", stats.collisions - collisions)
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = Csn.from_row(records[0])
@@ -481,6 +490,7 @@ class _Run:
             self.result.transactions += 1
             self.result.operations += stats.operations
             self.result.collisions += stats.collisions
+            self.result.counts.merge(counts)
         self.result.groups += len(group.txns)
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
         crashpoint("between_groups")
@@ -540,6 +550,17 @@ class _Run:
                 self.connection.rollback()
         except psycopg2.Error:
             pass
+
+
+def _mapped(counts: TableCounts, plans) -> TableCounts:
+    """The counts of the tables replicat maps (a table no MAP selects, and the load's
+    watermark records, are read but not applied), each with its target."""
+    mapped = TableCounts()
+    for table, row in counts.tables.items():
+        if (plan := plans.get(table)) is not None:
+            mapped.tables[table] = row
+            mapped.targets[table] = plan.target
+    return mapped
 
 
 def _row_values(group: Group) -> dict:
@@ -617,6 +638,8 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                     "replayed_groups": result.replayed_groups, "parallel_groups": result.parallel_groups,
                     "collisions": result.collisions,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()}})
+                runcounts.record(cur, "replicat", name, runcounts.last_run_id(cur, "replicat_run"), started_at,
+                                 _mapped(result.counts, plans))
             return result
         finally:
             release_target(connection, name)
