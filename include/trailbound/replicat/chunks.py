@@ -47,7 +47,6 @@ class Group:
     audit_ts: datetime
     log_bsn: Scn
     operations: int
-    op_counts: list[tuple[str, str, int]] = field(default_factory=list)   # (table, op, n): STATS REPLICAT
 
 
 @dataclass
@@ -61,6 +60,7 @@ class Chunk:
     unit_of_record: np.ndarray           # each record's unit (meaningful for applied records)
     group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
     net: NetRows | None = None
+    op_counts: list[tuple[str, str, int]] = field(default_factory=list)  # (table, op, n) of its groups: STATS
     images: "Callable[[], pa.Array] | None" = None   # the after images of `light`, when it lacks them
     _records: pa.Table | None = None
 
@@ -299,13 +299,13 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
                 txns=applied_txns[cuts[g]:cuts[g + 1]].tolist(), units=units, end=TrailPosition(end_seqno, end_rba),
                 log_csn=last_csns[g], log_xid=last_xids[g], cmplt_xids=cmplt[cmplt_cuts[g]:cmplt_cuts[g + 1]],
                 audit_ts=last_ts[g], log_bsn=bsn_values[g], operations=operations[g]))
+    op_counts = []
     if groups:
-        # Each group's operations per table, for STATS REPLICAT: one group-by per chunk.
-        txn_of_record = np.repeat(np.arange(len(starts)), stops - starts)
-        keyed = pa.table({"group": group_of_txn[txn_of_record], "table": tables, "op": records.column("op")})
-        for g, table, op, count in count_ops(keyed, keys=("group",)):
-            if g >= 0:
-                groups[g].op_counts.append((table, op, count))
+        # The operations per table of the records the groups apply (not the skipped), for
+        # STATS REPLICAT: one Arrow group-by per chunk (runcounts.count_ops).
+        applied = np.repeat(group_of_txn >= 0, stops - starts)
+        keyed = pa.table({"table": tables, "op": records.column("op")})
+        op_counts = count_ops(keyed if applied.all() else keyed.filter(pa.array(applied)))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
     return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn,
-                 images=images.of(records) if images is not None and "after" not in records.schema.names else None)
+                 op_counts=op_counts, images=images.of(records) if images is not None and "after" not in records.schema.names else None)

@@ -347,6 +347,9 @@ class _Run:
             for group in chunk.groups:
                 self.apply_group(chunk, group)
         self.result.skipped += chunk.skipped
+        # Recorded only when the whole run commits (run_replicat): every group of the
+        # chunk has committed by then, on the fast path or replayed.
+        self.result.counts.add_rows(chunk.op_counts)
         if not chunk.groups or chunk.end > chunk.groups[-1].end:
             # Past transactions already applied (skipped) after the last group: once the
             # groups in flight have committed, move the position in both checkpoints,
@@ -420,7 +423,6 @@ class _Run:
         self.result.groups += 1
         self.result.transactions += len(group.txns)
         self.result.operations += group.operations
-        self.result.counts.add_rows(group.op_counts)
         self.timer.add("apply: COPY and merge", statements)
         if waiting is not None:  # applied on a parallel lane
             self.result.parallel_groups += 1
@@ -447,16 +449,15 @@ class _Run:
         for txn in group.txns:
             records = chunk.transaction(txn)
             stats = ReplayStats()
-            counts = TableCounts()
+            collided = TableCounts()   # its operations are counted with the chunk's (apply_chunk)
             record = None
             try:
                 with self.connection.cursor() as cur:
                     for record in records:
                         collisions = stats.collisions
                         self.replayer.apply(cur, record, stats)
-                        counts.add_op(record["table"], record["op"])
                         if stats.collisions > collisions:
-                            counts.add(record["table"], "collisions", stats.collisions - collisions)
+                            collided.add(record["table"], "collisions", stats.collisions - collisions)
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = Csn.from_row(records[0])
@@ -490,7 +491,7 @@ class _Run:
             self.result.transactions += 1
             self.result.operations += stats.operations
             self.result.collisions += stats.collisions
-            self.result.counts.merge(counts)
+            self.result.counts.merge(collided)
         self.result.groups += len(group.txns)
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
         crashpoint("between_groups")
