@@ -81,8 +81,8 @@ def trailbound(capsys, *argv) -> str:
     return out
 
 
-def test_stats_lag_report_and_status_say_what_capture_and_replicat_did(
-        tmp_path, spark, store, target_dsn, environment, capsys, group_held_elsewhere):
+def test_stats_lag_report_status_and_metrics_say_what_capture_and_replicat_did(
+        tmp_path, spark, store, target_dsn, environment, capsys, group_held_elsewhere, monkeypatch):
     archive = new_archive(tmp_path)
     archive.segment(1, [ins(10, "T1", 1), ins(11, "T1", 2), ins(12, "T1", 3), salary(13, "T1", "INSERT", 1, 10),
                         rec(14, "T1", "COMMIT"),
@@ -90,7 +90,7 @@ def test_stats_lag_report_and_status_say_what_capture_and_replicat_did(
                         rec(21, "T2", "DELETE", "shop.orders", key=2), salary(22, "T2", "UPDATE", 1, 11),
                         rec(23, "T2", "COMMIT"),
                         rec(30, "T3", "TRUNCATE", "hr.salaries"), salary(31, "T3", "INSERT", 2, 20),
-                        rec(32, "T3", "COMMIT")], 100)
+                        rec(32, "T3", "COMMIT"), ins(40, "OPEN", 9)], 100)   # OPEN stays open
     config_path = write_config(tmp_path, handlecollisions=True)
     config = configuration.load(config_path)
     run_extract(spark, store, config, "EXT1")
@@ -148,6 +148,8 @@ def test_stats_lag_report_and_status_say_what_capture_and_replicat_did(
     applied = sum((first[t] + second.get(t, Counter()) for t in first), Counter())
     assert summed[(None, "total")]["operations"] == applied.total() == 11  # every trail record replicat applied
 
+    check_metrics(store, config_path, monkeypatch, stats)
+
     # VIEW REPORT: the last finished run, then the first one by its number.
     runs = [r for r in runlog.history(store, "replicat", "REP1") if r.command != "elsewhere"]
     out = trailbound(capsys, *base, "view", "report", "REP1", "--run", str(runs[0].run_id))
@@ -187,3 +189,65 @@ def test_stats_of_a_group_not_configured_is_one_error_line(tmp_path, environment
     out = trailbound(capsys, "--config", str(config_path), "stats", "replicat", "REP1")
     assert "No operations have been counted for replicat REP1 yet" in out
 
+
+def parse_metrics(text: str) -> dict[tuple, float]:
+    """Prometheus text as {(name, (label, value), ...): value}; every family has HELP and TYPE."""
+    found, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            m = re.fullmatch(r'(\w+)(?:\{(.*)\})? (\S+)', line)
+            assert m, line
+            labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or "")))
+            assert m.group(1) in typed, f"{m.group(1)} has no TYPE line"
+            found[(m.group(1), *labels)] = float(m.group(3))
+    return found
+
+
+def check_metrics(store, config_path, monkeypatch, stats):
+    """/trailbound/metrics, through the console's FastAPI app with the documented token,
+    against the metadata store and STATS."""
+    from starlette.testclient import TestClient
+    from trailbound_airflow.console import create_app
+
+    monkeypatch.setenv("TRAILBOUND_CONFIG", str(config_path))
+    monkeypatch.setenv("TRAILBOUND_METRICS_TOKEN", "scrape-me")
+    # Any other caller goes to Airflow's auth manager (not started in this process: the
+    # 401 of a real API server is checked in test_console_ui.py); never to the figures.
+    client = TestClient(create_app(), raise_server_exceptions=False)
+    refused = client.get("/metrics", headers={"Authorization": "Bearer wrong"})
+    assert refused.status_code != 200 and "trailbound_" not in refused.text
+    response = client.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    metrics = parse_metrics(response.text)
+
+    def value(name, **labels):
+        return metrics[(name, *sorted(labels.items()))]
+
+    rep1 = {"program": "replicat", "group": "REP1"}
+    for (table, period), row in stats.items():
+        if period == "total":
+            for op in ("insert", "update", "delete", "truncate"):
+                assert value("trailbound_operations_total", **rep1, table=table, op=op) == row[op + "s"]
+            assert value("trailbound_collisions_total", **rep1, table=table) == row["collisions"]
+    with store.transaction() as cur:
+        cur.execute("SELECT outcome, count(*) AS n FROM trailbound.run_outcome WHERE group_name = 'REP1' GROUP BY 1")
+        outcomes = {r["outcome"]: r["n"] for r in cur.fetchall()}
+        cur.execute("SELECT extract(epoch FROM updated_at - audit_ts) AS lag FROM trailbound.replicat_checkpoint")
+        lag = float(cur.fetchone()["lag"])
+        cur.execute("SELECT operations FROM trailbound.replicat_run ORDER BY run_id DESC LIMIT 1")
+        operations = cur.fetchone()["operations"]
+        cur.execute("SELECT bytes FROM trailbound.trail_file WHERE written_by = 'EXT1' ORDER BY seqno DESC LIMIT 1")
+        last_file_bytes = cur.fetchone()["bytes"]
+    for outcome, n in outcomes.items():
+        assert value("trailbound_runs_total", **rep1, outcome=outcome) == n
+    assert value("trailbound_group_lag_seconds", **rep1) == pytest.approx(lag, abs=1e-3)
+    assert value("trailbound_group_status", **rep1, status="STOPPED") == 1
+    assert value("trailbound_last_run_records", **rep1) == operations == 2
+    assert value("trailbound_last_run_bytes", program="extract", group="EXT1") == last_file_bytes
+    assert value("trailbound_open_transactions", group="EXT1", br_state="not_persisted") == 1
+    from trailbound import status
+    [open_txn] = status.open_transactions(store, configuration.load(config_path), "EXT1")
+    assert value("trailbound_oldest_open_transaction_age_seconds", group="EXT1") == open_txn.age.total_seconds() > 0
+    assert value("trailbound_br_suspended", group="EXT1") == 0
