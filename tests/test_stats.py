@@ -5,7 +5,6 @@ files, not from what the stages recorded."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path

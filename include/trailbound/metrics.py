@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from psycopg2 import sql
+
 from trailbound import status as group_status
 from trailbound.config import Config
 from trailbound.metadata import MetadataStore
-from trailbound.runcounts import COLUMNS
+from trailbound.runcounts import column_sums
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _STATUSES = ("RUNNING", "STOPPED", "ABENDED")
@@ -97,9 +99,8 @@ def render(store: MetadataStore, config: Config, *, slot_lags: list[SlotLag] = (
         cur.execute("SELECT kind, upper(group_name) AS group_name, outcome, count(*)::bigint AS n"
                     " FROM trailbound.run_outcome GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
         outcomes = cur.fetchall()
-        sums = ", ".join(f"sum({c})::bigint AS {c}" for c in COLUMNS)
-        cur.execute(f"SELECT stage, group_name, table_name, {sums} FROM trailbound.run_table_counts"
-                    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+        cur.execute(sql.SQL("SELECT stage, group_name, table_name, {} FROM trailbound.run_table_counts"
+                            " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3").format(column_sums()))
         counts = cur.fetchall()
         cur.execute("SELECT upper(group_name) AS group_name, br_suspended IS NOT NULL AS suspended"
                     " FROM trailbound.extract_group ORDER BY 1")

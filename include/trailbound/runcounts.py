@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import pyarrow as pa
+from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 COLUMNS = ("inserts", "updates", "deletes", "truncates", "discards", "collisions")
@@ -81,12 +82,18 @@ def record(cur, stage: str, group: str, run_id: int, run_started_at: datetime, c
         return
     rows = [(stage, group.upper(), run_id, table, counts.targets.get(table), run_started_at,
              *(row[c] for c in COLUMNS)) for table, row in sorted(counts.tables.items())]
-    execute_values(cur, "INSERT INTO trailbound.run_table_counts (stage, group_name, run_id, table_name, target_table,"
-                        " run_started_at, inserts, updates, deletes, truncates, discards, collisions) VALUES %s"
-                        " ON CONFLICT (stage, group_name, run_id, table_name) DO UPDATE SET"
-                        " recorded_at = now(), target_table = coalesce(EXCLUDED.target_table,"
-                        " run_table_counts.target_table), "
-                        + ", ".join(f"{c} = run_table_counts.{c} + EXCLUDED.{c}" for c in COLUMNS), rows)
+    columns = [sql.Identifier(c) for c in COLUMNS]
+    added = sql.SQL(", ").join(sql.SQL("{0} = run_table_counts.{0} + EXCLUDED.{0}").format(c) for c in columns)
+    statement = sql.SQL("INSERT INTO trailbound.run_table_counts (stage, group_name, run_id, table_name, target_table,"
+                        " run_started_at, {}) VALUES %s ON CONFLICT (stage, group_name, run_id, table_name) DO UPDATE"
+                        " SET recorded_at = now(), target_table = coalesce(EXCLUDED.target_table,"
+                        " run_table_counts.target_table), {}").format(sql.SQL(", ").join(columns), added)
+    execute_values(cur, statement.as_string(cur), rows)
+
+
+def column_sums() -> sql.Composed:
+    """`sum(inserts)::bigint AS inserts, ...` for every count column."""
+    return sql.SQL(", ").join(sql.SQL("sum({0})::bigint AS {0}").format(sql.Identifier(c)) for c in COLUMNS)
 
 
 def last_run_id(cur, table: str) -> int:
@@ -94,5 +101,6 @@ def last_run_id(cur, table: str) -> int:
     replicat_run, whose INSERT returns nothing)."""
     if table not in ("extract_run", "replicat_run"):
         raise ValueError(table)
-    cur.execute("SELECT currval(pg_get_serial_sequence(%s, 'run_id')) AS run_id", (f"trailbound.{table}",))
+    qualified = sql.Identifier("trailbound", table).as_string(cur)
+    cur.execute("SELECT currval(pg_get_serial_sequence(%s, 'run_id')) AS run_id", (qualified,))
     return cur.fetchone()["run_id"]

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
+from psycopg2 import sql
+
 from trailbound import ggsci, idle, runlog
 from trailbound import status as group_status
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.metadata import MetadataStore
-from trailbound.runcounts import COLUMNS
+from trailbound.runcounts import COLUMNS, column_sums
 
 STAGES = ("extract", "pump", "replicat")
 PERIODS = ("total", "daily", "hourly", "latest")
@@ -65,14 +67,15 @@ def table_stats(store: MetadataStore, stage: str, group: str, *, since: datetime
     if run_id is not None:
         where.append("run_id = %s")
         params.append(run_id)
-    sums = ", ".join(f"sum({c})::bigint AS {c}" for c in COLUMNS)
     with store.transaction() as cur:
-        cur.execute(f"SELECT table_name, max(target_table) AS target_table, {sums} FROM trailbound.run_table_counts"
-                    f" WHERE {' AND '.join(where)} GROUP BY table_name ORDER BY table_name", params)
+        cur.execute(sql.SQL("SELECT table_name, max(target_table) AS target_table, {} FROM trailbound.run_table_counts"
+                            " WHERE {} GROUP BY table_name ORDER BY table_name").format(
+                                column_sums(), sql.SQL(" AND ".join(where))), params)
         return [TableStats(r["table_name"], r["target_table"], {c: r[c] for c in COLUMNS}) for r in cur.fetchall()]
 
 
-def _period_starts(store: MetadataStore, stage: str, group: str, now: datetime) -> dict[str, tuple[datetime, int | None]]:
+def _period_starts(store: MetadataStore, stage: str, group: str,
+                   now: datetime) -> dict[str, tuple[datetime | None, int | None]]:
     """Each period's start, and the run it is limited to (latest)."""
     with store.transaction() as cur:
         cur.execute("SELECT min(run_started_at) AS first, max(run_id) AS last_run FROM trailbound.run_table_counts"
@@ -219,8 +222,10 @@ def _kind_of(config: Config, store: MetadataStore, group: str) -> tuple[str, str
 def _stage_rows(store: MetadataStore, stage: str, name: str, outcome: runlog.RunOutcome) -> list[dict]:
     """The stage's history rows (what the run committed) of the run `outcome` records."""
     with store.transaction() as cur:
-        cur.execute(f"SELECT * FROM trailbound.{_RUN_TABLE[stage]} WHERE group_name = upper(%s)"  # noqa: S608 - a fixed name
-                    " AND started_at >= %s AND started_at <= coalesce(%s, now()) ORDER BY run_id",
+        # The table name is one of _RUN_TABLE's fixed names, never user input.
+        cur.execute(sql.SQL("SELECT * FROM {} WHERE group_name = upper(%s) AND started_at >= %s"
+                            " AND started_at <= coalesce(%s, now()) ORDER BY run_id").format(
+                                sql.Identifier("trailbound", _RUN_TABLE[stage])),
                     (name, outcome.started_at, outcome.ended_at))
         return cur.fetchall()
 

@@ -237,9 +237,10 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     expected = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024))
     watch.lap("plan trail files (Spark)")
     crashpoint("before_trail_write")
-    files, counts = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
-                                   expected, prefix, state.write.position.seqno + 1, group=state.group,
-                                   log_bsn=log_bsn, layouts=_copy_line_layouts(config, extract))
+    trail = assembly.trail(trailwrite.file_number(expected)) if expected else None
+    files, counts = trailwrite.write_files(spark, trail, expected, prefix, state.write.position.seqno + 1,
+                                           group=state.group, log_bsn=log_bsn,
+                                           layouts=_copy_line_layouts(config, extract))
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 

@@ -308,4 +308,5 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
         op_counts = count_ops(keyed if applied.all() else keyed.filter(pa.array(applied)))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
     return Chunk(files, records, starts, groups, int(skip.sum()), end, unit_of_record, group_of_txn,
-                 op_counts=op_counts, images=images.of(records) if images is not None and "after" not in records.schema.names else None)
+                 op_counts=op_counts,
+                 images=images.of(records) if images is not None and "after" not in records.schema.names else None)
