@@ -180,6 +180,8 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         assert status_of(f"{airflow.url}/trailbound/") == 307
         assert status_of(f"{airflow.url}/trailbound/api/info-all") == 401
         assert status_of(f"{airflow.url}/trailbound/api/info-all", token="not-a-token") in (401, 403)
+        assert status_of(f"{airflow.url}/trailbound/metrics") == 401   # no redirect for a scraper
+        assert status_of(f"{airflow.url}/trailbound/metrics", token="not-a-token") in (401, 403)
 
         driver.get(f"{airflow.url}/trailbound/")
         wait = WebDriverWait(driver, 120)

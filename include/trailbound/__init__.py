@@ -10,8 +10,10 @@ The steps: `archive/` (the redo archive), `capture/`, `trail/`, `pump/`, `replic
 `load/` (the initial load), `compare/`, `retention.py` (the archive's purge), and the
 metadata store, `metadata.py` with its migrations in `sql/`. Around them: `cli/` (the
 `trailbound` command), `dagfiles.py` (the DAG files), `status.py` (INFO ALL and lag as
-data), `runlog.py` (every run's outcome), `idle.py` (the checks made before starting
-Spark), `quality.py` (Great Expectations checks). Shared by all: `positions.py`,
+data), `runlog.py` (every run's outcome), `runcounts.py` (each run's operations per
+table), `stats.py` (STATS, LAG, VIEW REPORT, SEND REPLICAT ... STATUS as text),
+`metrics.py` (Prometheus text), `idle.py` (the checks made before starting Spark),
+`quality.py` (Great Expectations checks). Shared by all: `positions.py`,
 `errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
 `tables.py` (TABLE patterns), `keyranges.py` (key ranges for the load and the
 compare), `grouplock.py`, `ggsci.py` (how INFO writes times and

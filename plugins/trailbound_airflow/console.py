@@ -9,25 +9,31 @@ external view) with one page and its JSON twin:
                                    WARNLONGTRANS), each source's retention, a lag chart
                                    per group, links to the DAG runs and the control DAG
     GET /trailbound/api/info-all   INFO ALL as JSON
+    GET /trailbound/metrics        Prometheus text (trailbound.metrics): lag per group,
+                                   runs, operations, open transactions, slot lag
 
 It reads state and never acts: actions go through the control DAG, so every one has a
 run, a log and an owner. Every endpoint checks the user through Airflow's auth manager
 (the API server's JWT, from the UI's cookie or a bearer header): an unauthenticated page
-request is sent to the login page, an API request gets 401. Database reads run in a
+request is sent to the login page, an API request gets 401. `/metrics` also takes the
+token in the API server's TRAILBOUND_METRICS_TOKEN variable (`Authorization: Bearer
+TOKEN`), for a Prometheus that cannot renew Airflow's short-lived JWTs. Database reads run in a
 worker thread, off the event loop. Links are relative, so the view works under a proxy's
 base path. Times are UTC and say so.
 """
 
 from __future__ import annotations
 
+import hmac
 import html
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 URL_PREFIX = "/trailbound"
@@ -53,6 +59,17 @@ async def authorized_user(request: Request):
 
 
 User = Annotated[object, Depends(authorized_user)]
+
+METRICS_TOKEN_ENV = "TRAILBOUND_METRICS_TOKEN"
+
+
+async def metrics_reader(request: Request):
+    """A scraper with the configured metrics token, else a user Airflow lets read DAG runs."""
+    token = os.environ.get(METRICS_TOKEN_ENV)
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode()):
+        return "metrics token"
+    return await authorized_user(request)
 
 
 # ---------------------------------------------------------------- the data
@@ -171,6 +188,19 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
     snap.sources = read_slot_lags(hook)
     snap.transactions.sort(key=lambda t: (t.start_time, t.start_scn))
     return snap
+
+
+def read_metrics(config_path: str | None = None) -> str:
+    """Blocking: the Prometheus text, from the metadata store and each live source's slot."""
+    from trailbound import metrics
+
+    from trailbound_airflow.hooks import TrailboundHook
+
+    hook = TrailboundHook(config_path=config_path)
+    slots = [metrics.SlotLag(s[0], None) if isinstance(s, tuple) else metrics.SlotLag(s.source, s.lag_bytes)
+             for s in read_slot_lags(hook)]
+    with hook.store() as store:
+        return metrics.render(store, hook.config, slot_lags=slots)
 
 
 # ---------------------------------------------------------------- the page
@@ -341,7 +371,7 @@ def create_app() -> FastAPI:
     @app.exception_handler(HTTPException)
     async def to_login(request: Request, exc: HTTPException):
         """A page request without a valid session goes to Airflow's login, and back."""
-        if exc.status_code == 401 and not request.url.path.rstrip("/").endswith("/api/info-all"):
+        if exc.status_code == 401 and not request.url.path.rstrip("/").endswith(("/api/info-all", "/metrics")):
             from airflow.api_fastapi.app import get_auth_manager
 
             return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
@@ -357,6 +387,12 @@ def create_app() -> FastAPI:
         snap = await run_in_threadpool(read_snapshot)
         groups = [{k: v for k, v in asdict(g).items() if k != "last_run"} for g in snap.groups]
         return JSONResponse(_plain({"as_of": snap.now, "groups": groups}))
+
+    @app.get("/metrics")
+    async def metrics(reader: Annotated[object, Depends(metrics_reader)]) -> Response:
+        from trailbound.metrics import CONTENT_TYPE
+
+        return Response(await run_in_threadpool(read_metrics), media_type=CONTENT_TYPE)
 
     return app
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from trailbound import copytext
+from trailbound import copytext, runcounts
 from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon
 from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
@@ -239,9 +239,9 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     crashpoint("before_trail_write")
     # defs.json read after the segments were cataloged: it holds every version they use
     layouts, versions = _copy_line_layouts(config, extract)
-    files = trailwrite.write_files(spark, assembly.trail(trailwrite.file_number(expected)) if expected else None,
-                                   expected, prefix, state.write.position.seqno + 1, group=state.group,
-                                   log_bsn=log_bsn, layouts=layouts, versions=versions)
+    trail = assembly.trail(trailwrite.file_number(expected)) if expected else None
+    files, counts = trailwrite.write_files(spark, trail, expected, prefix, state.write.position.seqno + 1,
+                                           group=state.group, log_bsn=log_bsn, layouts=layouts, versions=versions)
     watch.lap("write trail files (Spark tasks)")
     crashpoint("after_trail_write")
 
@@ -330,6 +330,8 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
             "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
             "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
             "br_checkpoint_id": checkpoint_id}, warnings, done)
+        runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
+                         counts)
     watch.lap("checkpoints")
     crashpoint("after_checkpoint_commit")
     if not extract.br.brkeepstalefiles:

@@ -22,6 +22,7 @@ The records never pass through the driver:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from trailbound.capture.logread import spark_schema
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, csn_at_or_below
+from trailbound.runcounts import TableCounts, count_ops
 from trailbound.spark import parallelism
 from trailbound.trail import format as trails
 from trailbound import files as trailfs
@@ -40,7 +42,8 @@ _FILES = pa.schema([("file_no", pa.int64()), ("records", pa.int64())]
                    + [(f"first_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS]
                    + [(f"last_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS])
 _WRITTEN = pa.schema([("file_no", pa.int64()), ("path", pa.string()), ("records", pa.int64()), ("bytes", pa.int64()),
-                      ("sha256", pa.string()), ("first_csn", pa.string()), ("last_csn", pa.string())])
+                      ("sha256", pa.string()), ("first_csn", pa.string()), ("last_csn", pa.string()),
+                      ("op_counts", pa.string())])   # JSON [[table, op, n], ...]: STATS EXTRACT
 
 
 def plan_files(written: DataFrame, max_bytes: int) -> dict[int, dict]:
@@ -92,26 +95,41 @@ def _empty_safe(function):
 
 
 def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path, first_seqno: int, *, group: str,
-                log_bsn: Scn, layouts: dict | None = None, versions: dict | None = None) -> list[trails.TrailFileInfo]:
+                log_bsn: Scn, layouts: dict | None = None,
+                versions: dict | None = None) -> tuple[list[trails.TrailFileInfo], TableCounts]:
     """Write the planned files (`trail`: records with their file_no) from Spark tasks and
     verify them. `expected` is the plan per file number: records, first and last CSN. The
     inserts of the tables in `layouts` carry their COPY lines (trailbound.copytext), made
     by the tasks; each DML record its table_version, from `versions` (per table, (scn,
-    version) pairs: archive.segments.versions_of)."""
+    version) pairs: archive.segments.versions_of). Returns the files and their operations
+    per table, counted by the tasks from the batches they write (STATS EXTRACT)."""
+    counts = TableCounts()
     if not expected:
-        return []
+        return [], counts
     location = str(prefix)
 
     def write(batches):
         # No crash point inside a task: a Python worker killed there left the test's crashed
         # run hanging past its 300 s timeout (not understood yet); the driver's below
         # stands for a run killed while the files are on disk and nothing is verified.
-        for info in trails.write_planned_files(Path(location), first_seqno, batches, group=group, log_bsn=log_bsn,
-                                               layouts=layouts, versions=versions):
+        per_file: dict[int, list] = {}
+
+        def counted(batches):
+            # A file is written once a batch of the next file (or the end) arrives: by then
+            # every batch of it has passed here.
+            for batch in batches:
+                for number, table, op, n in count_ops(batch, keys=("file_no",)):
+                    per_file.setdefault(number, []).append([table, op, n])
+                yield batch
+
+        for info in trails.write_planned_files(Path(location), first_seqno, counted(batches), group=group,
+                                               log_bsn=log_bsn, layouts=layouts,
+                                               versions=versions):
+            number = info.seqno - first_seqno
             yield pa.RecordBatch.from_pylist([{
-                "file_no": info.seqno - first_seqno, "path": str(info.path), "records": info.records,
+                "file_no": number, "path": str(info.path), "records": info.records,
                 "bytes": info.bytes, "sha256": info.sha256, "first_csn": str(info.first_csn),
-                "last_csn": str(info.last_csn)}], schema=_WRITTEN)
+                "last_csn": str(info.last_csn), "op_counts": json.dumps(per_file.pop(number, []))}], schema=_WRITTEN)
 
     tasks = max(1, min(len(expected), max(8, 2 * parallelism(spark))))
     try:
@@ -121,7 +139,10 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
                 .mapInArrow(write, spark_schema(_WRITTEN)).collect())
     finally:
         crashpoint("mid_trail_write")  # files written (some or all), none verified or committed
-    return verify(rows, expected, first_seqno, log_bsn, spark)
+    files = verify(rows, expected, first_seqno, log_bsn, spark)
+    for row in rows:
+        counts.add_rows(json.loads(row["op_counts"]))
+    return files, counts
 
 
 def verify(rows, expected: dict[int, dict], first_seqno: int, log_bsn: Scn, spark=None) -> list[trails.TrailFileInfo]:

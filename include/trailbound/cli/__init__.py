@@ -16,6 +16,8 @@
     pump.py       pump run, add|delete|info pump, purge trails
     retention.py  register|unregister extract ... logretention, retention run, info retention
     replicat.py   replicat run, add checkpointtable, alter|info replicat, target create
+    stats.py      stats extract|pump|replicat (STATS), lag extract|pump|replicat (LAG)
+    report.py     view report (VIEW REPORT), send replicat ... status
     compare.py    compare
     dags.py       dags generate
     logdump.py    logdump

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from trailbound import config as configuration
-from trailbound.cli import (archive, compare, dags, extract, load, logdump, pump, replicat, retention, simulate, source,
-                            status)
+from trailbound.cli import (archive, compare, dags, extract, load, logdump, pump, replicat, report, retention, simulate,
+                            source, stats, status)
 
 USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenGate has one
 (INFO EXTRACT ... SHOWCH, SEND EXTRACT ... SKIPTRANS, ALTER REPLICAT ... ATCSN, LOGDUMP).
@@ -33,6 +33,11 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound add checkpointtable [S.NAME]  create the checkpoint table in the target
     trailbound alter replicat REP1 atcsn N   reposition (atcsn|aftercsn N, extseqno S extrba R)
     trailbound info replicat REP1 [--showch] checkpoint table row and file checkpoint
+    trailbound stats replicat REP1 [--table P] [--totalsonly [P]] [--latest|--hourly|--daily|--total]
+                                             operations per table (stats extract|pump|replicat G)
+    trailbound lag replicat REP1             last record lag, at EOF or not (lag extract|pump|replicat G)
+    trailbound view report REP1 [--run N]    a run: command, outcome, what it committed, counts per table
+    trailbound send replicat REP1 status     a batch replicat: run in progress, checkpoint, what waits
     trailbound target create [--source S]    create target tables from defs.json
     trailbound dags generate [--directory D] write one Airflow DAG file per configured group
     trailbound simulate                      write the simulated source's archive
@@ -74,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.arguments(kinds)
     retention.arguments(verbs, kinds)
     replicat.arguments(verbs, kinds)
+    stats.arguments(verbs)
+    report.arguments(verbs)
     compare.arguments(verbs)
     dags.arguments(verbs)
     logdump.arguments(verbs)

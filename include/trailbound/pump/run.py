@@ -44,6 +44,8 @@ from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.pump import checkpoints as pck
 from trailbound.pump.checkpoints import PumpState, Shipped, ensure_pump, pump_lock
 from trailbound.pump.filter import filter_records
+from trailbound import runcounts
+from trailbound.runcounts import TableCounts, count_ops
 from trailbound.tables import table_spec
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
@@ -134,6 +136,7 @@ class _Run:
         self.source_fs = trailfs.for_location(state.exttrail, spark)
         self.remote_fs = trailfs.for_location(state.rmttrail, spark)
         self.run_id: int | None = None
+        self._file_counts = TableCounts()  # the shipped copy's operations per table (STATS), as read back
         self.result = PumpResult(state.group, state.exttrail, state.rmttrail, patterns is None)
         self._staging: Path | None = None
 
@@ -200,9 +203,17 @@ class _Run:
         temporary = trailfs.temporary_location(target)
         self.remote_fs.upload(local, temporary, on_chunk=lambda: crashpoint("mid_copy"))
         shipped = trailfs.WrittenFile(temporary, records, bytes_, expected)
+
+        def count_records(location: str) -> int:
+            # The copy is decoded to count its records anyway: its operations per table
+            # (STATS PUMP) come from the same read.
+            copy = trails.read_file(location, fs=self.remote_fs)
+            self._file_counts = TableCounts()
+            self._file_counts.add_rows(count_ops(copy))
+            return len(copy)
+
         problem = trailfs.check_written(shipped, self.remote_fs, writer=f"pump {self.state.group}",
-                                        count_records=lambda location: len(trails.read_file(location,
-                                                                                            fs=self.remote_fs)))
+                                        count_records=count_records)
         if problem is not None:
             self.remote_fs.delete(temporary)
             if self.patterns is None and (source := file_sha256(local)) != expected:
@@ -228,6 +239,9 @@ class _Run:
         with self.store.transaction() as cur:
             self.run_id = pck.commit_file(cur, state, read=read, write=write, last_csn=last_csn, remote=remote,
                                           shipped=shipped, run=run, run_id=self.run_id, patterns=self.patterns)
+            if remote is not None:
+                runcounts.record(cur, "pump", state.group, self.run_id, self.started_at, self._file_counts)
+        self._file_counts = TableCounts()
         self.state = PumpState(state.group, state.exttrail, state.rmttrail, table_spec(self.patterns), read, write,
                                last_csn, state.created_at, self.started_at)
         crashpoint("after_file_commit")

@@ -13,7 +13,7 @@ each a chunk of its own planned as that one transaction.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from trailbound.errors import TrailError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, TrailPosition, csn_at_or_below
+from trailbound.runcounts import count_ops
 from trailbound.replicat.net.rows import NetRows
 from trailbound.replicat.windows import WATERMARK, high_watermarks
 from trailbound.trail import format as trails
@@ -62,6 +63,7 @@ class Chunk:
     group_of_txn: np.ndarray             # each transaction's group (-1: skipped)
     net: NetRows | None = None
     piece: "Piece | None" = None         # part of one long transaction (see `cut`)
+    op_counts: list[tuple[str, str, int]] = field(default_factory=list)  # (table, op, n) of its groups: STATS
     images: "Callable[[], pa.Array] | None" = None   # the after images of `light`, when it lacks them
     _records: pa.Table | None = None
 
@@ -377,9 +379,16 @@ def plan_chunk(files: list[TrailFile], tables: list[pa.Table], log_csn: Csn | No
                 txns=applied_txns[cuts[g]:cuts[g + 1]].tolist(), units=units, end=TrailPosition(end_seqno, end_rba),
                 log_csn=last_csns[g], log_xid=last_xids[g], cmplt_xids=cmplt[cmplt_cuts[g]:cmplt_cuts[g + 1]],
                 audit_ts=last_ts[g], log_bsn=bsn_values[g], operations=operations[g]))
+    op_counts = []
+    if groups:
+        # The operations per table of the records the groups apply (not the skipped), for
+        # STATS REPLICAT: one Arrow group-by per chunk (runcounts.count_ops).
+        applied = np.repeat(group_of_txn >= 0, stops - starts)
+        keyed = pa.table({"table": tables, "op": records.column("op")})
+        op_counts = count_ops(keyed if applied.all() else keyed.filter(pa.array(applied)))
     end = TrailPosition(int(seqnos[-1]), int(rbas[-1]) + 1) if n else TrailPosition(files[-1].seqno, files[-1].records)
     # A transaction in pieces counts as skipped once, at its last.
     skipped = int(skip.sum()) if piece is None or piece.last else 0
-    return Chunk(files, records, starts, groups, skipped, end, unit_of_record, group_of_txn,
+    return Chunk(files, records, starts, groups, skipped, end, unit_of_record, group_of_txn, op_counts=op_counts,
                  images=images.of(records) if images is not None and "after" not in records.schema.names else None,
                  piece=piece)

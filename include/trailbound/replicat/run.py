@@ -55,6 +55,7 @@ import psycopg2
 import psycopg2.errors
 
 from trailbound import files as trailfs
+from trailbound import runcounts
 from trailbound import spark as spark_session
 from trailbound.archive.segments import load_defs
 from trailbound.config import Config
@@ -73,6 +74,7 @@ from trailbound.replicat.apply.serial import FastApplier, Replayer, ReplayStats,
 from trailbound.replicat.chunks import Chunk, DeferredImages, Group, TrailFile, cut, plan_chunk
 from trailbound.replicat.net import arrow
 from trailbound.replicat.windows import Windows
+from trailbound.runcounts import TableCounts
 from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
@@ -215,6 +217,7 @@ class RunResult:
     ddl: list[str] = field(default_factory=list)   # what a source table's new version changed on the target
     note: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    counts: TableCounts = field(default_factory=TableCounts)   # per source table, what committed (STATS)
 
     def describe(self) -> str:
         text = (f"Replicat {self.group}: from {self.started_from} at seqno {self.start.seqno} rba {self.start.rba}"
@@ -412,6 +415,9 @@ class _Run:
             for group in chunk.groups:
                 self.apply_group(chunk, group)
         self.result.skipped += chunk.skipped
+        # Recorded only when the whole run commits (run_replicat): every group of the
+        # chunk has committed by then, on the fast path or replayed.
+        self.result.counts.add_rows(chunk.op_counts)
         if not chunk.groups or chunk.end > chunk.groups[-1].end:
             # Past transactions already applied (skipped) after the last group: once the
             # groups in flight have committed, move the position in both checkpoints,
@@ -592,12 +598,16 @@ class _Run:
         for txn in group.txns:
             records = chunk.transaction(txn)
             stats = ReplayStats()
+            collided = TableCounts()   # its operations are counted with the chunk's (apply_chunk)
             record = None
             try:
                 with self.connection.cursor() as cur:
                     self._versions_first(cur)
                     for record in records:
+                        collisions = stats.collisions
                         self.replayer.apply(cur, record, stats)
+                        if stats.collisions > collisions:
+                            collided.add(record["table"], "collisions", stats.collisions - collisions)
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = Csn.from_row(records[0])
@@ -632,6 +642,7 @@ class _Run:
             self.result.transactions += 1
             self.result.operations += len(records)  # every trail record, as a group applied whole counts them
             self.result.collisions += stats.collisions
+            self.result.counts.merge(collided)
         self.result.groups += len(group.txns)
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
         crashpoint("between_groups")
@@ -691,6 +702,17 @@ class _Run:
                 self.connection.rollback()
         except psycopg2.Error:
             pass
+
+
+def _mapped(counts: TableCounts, plans) -> TableCounts:
+    """The counts of the tables replicat maps (a table no MAP selects, and the load's
+    watermark records, are read but not applied), each with its target."""
+    mapped = TableCounts()
+    for table, row in counts.tables.items():
+        if (plan := plans.get(table)) is not None:
+            mapped.tables[table] = row
+            mapped.targets[table] = plan.target
+    return mapped
 
 
 def _row_values(group: Group) -> dict:
@@ -785,6 +807,8 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                     "replayed_groups": result.replayed_groups, "parallel_groups": result.parallel_groups,
                     "collisions": result.collisions,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()}})
+                runcounts.record(cur, "replicat", name, runcounts.last_run_id(cur, "replicat_run"), started_at,
+                                 _mapped(result.counts, plans))
             return result
         finally:
             release_target(connection, name)
