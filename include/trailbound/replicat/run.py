@@ -808,7 +808,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                     "collisions": result.collisions,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()}})
                 runcounts.record(cur, "replicat", name, runcounts.last_run_id(cur, "replicat_run"), started_at,
-                                 _mapped(result.counts, plans))
+                                 _mapped(result.counts, run.plans))
             return result
         finally:
             release_target(connection, name)
