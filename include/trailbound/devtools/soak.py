@@ -49,7 +49,7 @@ import psycopg2
 from trailbound import config as configuration
 from trailbound import dagfiles
 from trailbound.archive.segments import discover
-from trailbound.devtools.livedemo import LOGICAL_OPTIONS, recreate_database, table_digests
+from trailbound.devtools.livedemo import LOGICAL_OPTIONS, table_digests
 from trailbound.devtools.localpg import LocalServer
 from trailbound.positions import Csn
 
