@@ -121,7 +121,10 @@ def test_the_airflow_operator_runs_capture_in_the_task_on_the_spark_connect_conn
     env.update({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host,
                                                                   "port": int(port)}),
                 "TRAILBOUND_METADATA_DSN": metadata_dsn, "TRAILBOUND_CONFIG": str(config),
-                "JAVA_HOME": str(tmp_path / "no-java")})
+                "JAVA_HOME": str(tmp_path / "no-java"),
+                # The plugin package, as Airflow's plugins folder puts it on the task's path.
+                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent / "plugins"),
+                                               os.environ.get("PYTHONPATH", "")])})
     done = subprocess.run([sys.executable, "-c", task, str(tmp_path / "no-such-job.py")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
