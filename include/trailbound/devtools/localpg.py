@@ -36,7 +36,9 @@ _SERVER_OPTIONS = (
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (another process may take it
+    before the caller binds it: callers retry)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -115,7 +117,7 @@ class LocalServer:
         # start fails with "Address already in use", and another port is tried.
         for attempt in range(tries):
             if attempt or not self.port_file.exists() or not _port_is_free(self.port):
-                self.port_file.write_text(str(_free_port()))
+                self.port_file.write_text(str(free_port()))
                 if os.geteuid() == 0:
                     postgres = pwd.getpwnam("postgres")
                     os.chown(self.port_file, postgres.pw_uid, postgres.pw_gid)

@@ -50,7 +50,7 @@ from trailbound import config as configuration
 from trailbound import dagfiles
 from trailbound.archive.segments import discover
 from trailbound.devtools.livedemo import LOGICAL_OPTIONS, table_digests
-from trailbound.devtools.localpg import LocalServer
+from trailbound.devtools.localpg import LocalServer, free_port
 from trailbound.positions import Csn
 
 REPO = Path(__file__).resolve().parents[3]
@@ -182,7 +182,7 @@ class Soak:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}?timeout=60",
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "3", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}", "PYSPARK_PYTHON": sys.executable,
@@ -203,7 +203,7 @@ class Soak:
         self.groups.append(self.processes[name].pid)
 
     def start_api_server(self) -> None:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         self.env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port),
                          "AIRFLOW__API__BASE_URL": url, "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/"})
@@ -352,11 +352,6 @@ class Soak:
                         break
         return seen
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _accepts(port: int) -> bool:

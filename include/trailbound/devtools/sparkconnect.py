@@ -29,13 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trailbound.devtools.localpg import free_port
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _accepts(port: int) -> bool:
@@ -116,7 +112,7 @@ class ConnectServer:
             return self
         self.directory.mkdir(parents=True, exist_ok=True)
         master = master or os.environ.get("SPARK_MASTER", "local[*]")
-        port = _free_port()
+        port = free_port()
         self.port_file.write_text(str(port))
         command = [str(spark_submit()), "--class", SERVER_CLASS, "--master", master, "--name", "trailbound-connect",
                    "--conf", f"spark.connect.grpc.binding.port={port}"]
