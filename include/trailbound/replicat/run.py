@@ -550,7 +550,8 @@ class _Run:
             entries = chunk.net.units.get(unit, []) if chunk.net else []
             for entry in entries:
                 if entry.unresolved:
-                    raise NeedsReplay(f"unit {unit} table {entry.table}")
+                    raise NeedsReplay(f"table {entry.table} has changes the net change cannot apply as a set "
+                                      f"(a keyless table's updates or deletes, or keys changed in a chain; unit {unit})")
             fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
 
     def group_checkpoint_statements(self, group: Group) -> bytes:
