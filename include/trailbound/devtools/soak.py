@@ -16,8 +16,9 @@ seconds (jittered) one fault, in a shuffled rotation of:
 - source     `pg_ctl restart -m fast` of the source server (pgbench is started again)
 - target     `pg_ctl restart -m fast` of the metadata-store and target server
 
-End-to-end lag is sampled every 5 s on the target: now minus the newest pgbench_history
-row applied (pgbench stamps each with its transaction's time). After the last fault
+Lag is sampled every 5 s: the source's newest pgbench_history row minus the newest applied
+to the target (pgbench stamps each with its transaction's time): end-to-end lag while
+pgbench writes, falling to 0 as the target catches up after it stops. After the last fault
 pgbench stops, and the run waits for the target to converge. Then it checks what a user
 relies on: every table equal to the source (an order-independent digest per table; a
 duplicate or a lost row changes a count), the checkpoint row at the archive's last
@@ -270,19 +271,25 @@ class Soak:
 
     # -- observation ---------------------------------------------------------------------
     def sample_lag(self) -> float | None:
-        """now minus the newest history row applied to the target, in seconds."""
-        try:
-            with psycopg2.connect(self.env["TRAILBOUND_TARGET_DSN"], connect_timeout=3) as connection, \
-                    connection.cursor() as cur:
-                cur.execute("SELECT extract(epoch FROM clock_timestamp() - max(mtime)) FROM public.pgbench_history")
-                value = cur.fetchone()[0]
-            connection.close()
-        except psycopg2.Error:
-            return None  # the target is restarting: no sample
-        if value is None:
+        """How far the target is behind the source, in seconds: the newest pgbench_history
+        row on the source minus the newest applied to the target (pgbench stamps each with
+        its transaction's time). While pgbench writes that is end-to-end lag; once it has
+        stopped it falls to 0 as the target catches up, so a fault's recovery shows even
+        at the end. None while either server is restarting or nothing is applied yet."""
+        newest = []
+        for dsn in (self.env["TRAILBOUND_SOURCE_DSN"], self.env["TRAILBOUND_TARGET_DSN"]):
+            try:
+                with psycopg2.connect(dsn, connect_timeout=3) as connection, connection.cursor() as cur:
+                    cur.execute("SELECT extract(epoch FROM max(mtime)) FROM public.pgbench_history")
+                    newest.append(cur.fetchone()[0])
+                connection.close()
+            except psycopg2.Error:
+                return None  # a server is restarting: no sample
+        if None in newest:
             return None
-        self.lag.append((self.now(), float(value)))
-        return float(value)
+        value = max(float(newest[0] - newest[1]), 0.0)
+        self.lag.append((self.now(), value))
+        return value
 
     def keep_pgbench_writing(self) -> None:
         if self.processes["pgbench"].poll() is not None:  # a source restart ends its sessions
@@ -382,7 +389,7 @@ def plot(soak: Soak, path: Path) -> None:
 
     figure, axes = plt.subplots(figsize=(10, 4), dpi=100)
     axes.plot([t / 60 for t, _ in soak.lag], [lag for _, lag in soak.lag], color="#017cee", linewidth=1.2,
-              label="end-to-end lag (target's newest pgbench_history row)")
+              label="lag: source's newest pgbench_history row minus the target's")
     axes.axhline(soak.bound, color="#cc0000", linestyle="--", linewidth=1, label=f"bound ({soak.bound:.0f} s)")
     colours = {"task": "#7f7f7f", "scheduler": "#ff7f0e", "source": "#2ca02c", "target": "#9467bd"}
     for kind in FAULTS:
