@@ -289,6 +289,8 @@ class Soak:
             return None
         value = max(float(newest[0] - newest[1]), 0.0)
         self.lag.append((self.now(), value))
+        with open(self.logs / "lag.csv", "a") as samples:  # kept whatever happens to the run after
+            samples.write(f"{self.now():.1f},{value:.1f}\n")
         return value
 
     def keep_pgbench_writing(self) -> None:
@@ -314,7 +316,7 @@ class Soak:
             cur.execute("SELECT log_csn FROM trailbound.ggcheckpoint WHERE group_name = 'RSOAK'")
             row = cur.fetchone()
         connection.close()
-        applied = Csn.parse(row[0]).scn.value if row else None
+        applied = Csn.parse(row[0]).scn if row else None  # Csn.scn is the SCN as an integer
         with psycopg2.connect(self.env["TRAILBOUND_SOURCE_DSN"]) as connection, connection.cursor() as cur:
             cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
                         " WHERE slot_name = 'trailbound_soak'")
@@ -525,7 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         converge_seconds = soak.now() - stopped
         source = table_digests(soak.env["TRAILBOUND_SOURCE_DSN"], TABLES)
         target = table_digests(soak.env["TRAILBOUND_TARGET_DSN"], TABLES)
-        checkpoint_ok, checkpoint = soak.checkpoint_at_last_commit() if equal else (False, "not converged")
+        try:
+            checkpoint_ok, checkpoint = soak.checkpoint_at_last_commit() if equal else (False, "not converged")
+        except Exception as exc:  # reported, not lost with the lag samples
+            checkpoint_ok, checkpoint = False, f"could not be checked: {type(exc).__name__}: {exc}"
     finally:
         soak.stop()
     errors = soak.task_errors() if (soak.home / "airflow" / "logs").exists() else []
