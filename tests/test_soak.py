@@ -11,21 +11,27 @@ back under its bound after each fault.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.pg
 @pytest.mark.long_running(420)
 def test_a_short_soak_with_each_fault_converges_with_nothing_lost_or_duplicated(tmp_path):
     report = tmp_path / "soak.md"
-    done = subprocess.run(
-        [sys.executable, "-m", "trailbound.devtools.soak", "--minutes", "3", "--interval", "30",
-         "--fault-every", "30", "--faults", "task,scheduler,source,target", "--rate", "20", "--seed", "7",
-         "--home", str(tmp_path / "soak"), "--report", str(report)],
-        capture_output=True, text=True, timeout=1800)
+    # The servers run as `postgres`, which cannot enter pytest's tmp_path (root's, 0700).
+    home = REPO / "var" / "test-soak" / str(os.getpid())
+    try:
+        done = _soak(home, report)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     output = done.stdout + done.stderr
     assert report.exists(), output[-4000:]
     text = report.read_text()
@@ -37,3 +43,11 @@ def test_a_short_soak_with_each_fault_converges_with_nothing_lost_or_duplicated(
     assert "nothing killed" not in text, text
     assert done.returncode == 0, output[-4000:]
     assert (tmp_path / "soak.png").stat().st_size > 10_000, "the lag curve was drawn"
+
+
+def _soak(home: Path, report: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trailbound.devtools.soak", "--minutes", "3", "--interval", "30",
+         "--fault-every", "30", "--faults", "task,scheduler,source,target", "--rate", "20", "--seed", "7",
+         "--home", str(home), "--report", str(report)],
+        capture_output=True, text=True, timeout=1800)
