@@ -512,14 +512,15 @@ def main(argv: list[str] | None = None) -> int:
                 next_fault = soak.now() + args.fault_every * random.uniform(0.7, 1.3)
             time.sleep(SAMPLE_SECONDS)
         pgbench = soak.processes.pop("pgbench")
-        try:
+        if pgbench.poll() is None:
             os.killpg(pgbench.pid, signal.SIGINT)
-            pgbench.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            # A pgbench still reconnecting after a source restart may not heed SIGINT; what
-            # it committed is on the source either way, and that is what is compared.
-            os.killpg(pgbench.pid, signal.SIGKILL)
-            pgbench.wait()
+            try:
+                pgbench.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                # A pgbench still reconnecting after a source restart may not heed SIGINT;
+                # what it committed is on the source either way, and that is what is compared.
+                os.killpg(pgbench.pid, signal.SIGKILL)
+                pgbench.wait()
         stopped = soak.now()
         soak.say("pgbench stopped; waiting for the target to converge")
         deadline = stopped + args.converge_minutes * 60
