@@ -271,7 +271,7 @@ def test_info_showch_and_logdump(tmp_path, spark, store, capsys, monkeypatch):
     record = json.loads(line)
     assert record | {"commit_ts": None} == {"seqno": 1, "rba": 0, "trans_ind": 3, "csn": "20@1:1:1", "xid": "a/../b",
                                             "commit_ts": None, "op": "INSERT", "table": "shop.orders",
-                                            "before": None, "after": '{"id":1,"note":"n1"}'}
+                                            "table_version": 1, "before": None, "after": '{"id":1,"note":"n1"}'}
 
 
 @pytest.mark.long_running(75)
