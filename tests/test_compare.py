@@ -178,7 +178,7 @@ def test_in_sync_while_pgbench_writes_then_rows_changed_behind_the_replicats_bac
 
 @pytest.mark.long_running(85)
 def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across_runs(
-        spark, store, tmp_path, source_dsn, target_dsn, monkeypatch, request):
+        spark, store, tmp_path, source_dsn, target_dsn, monkeypatch, request, spark_remote):
     """Airflow (`airflow dags test`): first the load DAG, triggered by hand in snapshot mode
     before the first pull, copies the source's rows into the target, its progress lines in
     the task log; the replicat takes over after the snapshot. Then the compare DAG,
@@ -198,7 +198,7 @@ def test_the_compare_dag_and_the_replicat_dags_check_confirm_a_difference_across
     execute(source_dsn, "INSERT INTO public.items SELECT g, 'n' || g FROM generate_series(1, 500) g",
             "INSERT INTO public.other SELECT generate_series(1, 30)")
 
-    airflow = AirflowWorld(tmp_path, world.config_path, store.connection.dsn, target_dsn)
+    airflow = AirflowWorld(tmp_path, world.config_path, store.connection.dsn, target_dsn, spark_remote)
     airflow.env.pop(SOURCE_ENV, None)
     airflow.env["AIRFLOW_CONN_SOURCE_PG"] = as_uri(source_dsn)  # the DAGs find the source through its connection
     assert (airflow.dags / "compare_pg_rep1.py").exists() and (airflow.dags / "load_pg_rep1.py").exists()

@@ -138,7 +138,7 @@ def group_row(driver, group: str) -> dict:
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
                                                              "(the Makefile's set-up installs them)")
 def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts_through_the_triggerer(
-        tmp_path, spark, store, monkeypatch):
+        tmp_path, spark, store, monkeypatch, spark_remote):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as until
     from selenium.webdriver.support.ui import WebDriverWait
@@ -154,7 +154,7 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
                      first_run]) == 0
     assert cli.main(["--config", str(config_path), "replicat", "run", "REP1"]) == 1  # no target database
 
-    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, "")
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, "", spark_remote)
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps({USER: PASSWORD}))
     world.env.update({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",

@@ -241,7 +241,12 @@ class AirflowWorld:
     """A configuration, its generated DAG files, an initialised Airflow home and the
     environment every Airflow command of the test runs in."""
 
-    def __init__(self, tmp_path: Path, config_path: Path, metadata_dsn: str, target_dsn: str):
+    def __init__(self, tmp_path: Path, config_path: Path, metadata_dsn: str, target_dsn: str,
+                 spark_remote: str | None = None):
+        """`spark_remote` (conftest's fixture): the Spark Connect server the tasks' Spark
+        work runs on, through the Spark provider's `spark_connect_default` connection, as
+        `make airflow` and docker-compose run them; without it each capture task
+        spark-submits its job (a cold JVM each: tests/test_cluster.py keeps that path)."""
         self.config_path = config_path
         self.config = configuration.load(config_path)
         self.dags = tmp_path / "dags"
@@ -251,6 +256,10 @@ class AirflowWorld:
             "TRAILBOUND_CONFIG": str(config_path), "TRAILBOUND_METADATA_DSN": metadata_dsn,
             "TRAILBOUND_TARGET_DSN": target_dsn, "AIRFLOW_CONN_TRAILBOUND_METADATA": as_uri(metadata_dsn),
             "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}{os.pathsep}{config_path.parent}"})
+        if spark_remote:
+            host, port = spark_remote.removeprefix("sc://").split(":")
+            self.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+                {"conn_type": "spark_connect", "host": host, "port": int(port)})
         # An empty Airflow database, migrated once per test process and copied: `airflow db
         # migrate` costs an interpreter and every migration each time.
         self.home.mkdir(parents=True, exist_ok=True)
@@ -352,9 +361,9 @@ def replica_rows(target_dsn: str) -> list[tuple]:
 
 @pytest.mark.long_running(115)
 def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path, store, target_dsn, monkeypatch,
-                                                                       request):
+                                                                       request, spark_remote):
     config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
-    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn, spark_remote)
     request.addfinalizer(world.close)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
     assert cli.main(["--config", str(config_path), "target", "create"]) == 0
@@ -489,7 +498,7 @@ def trail_contents(directory: Path) -> list[tuple[str, list[dict]]]:
 
 @pytest.mark.long_running(180)
 def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and_reruns_are_no_ops(
-        tmp_path, spark, store, new_metadata_database):
+        tmp_path, spark, store, new_metadata_database, spark_remote):
     # Scheduled runs, as their job runs them: capture with --until each interval's end.
     scheduled = tmp_path / "scheduled"
     scheduled.mkdir()
@@ -503,7 +512,7 @@ def test_a_backfill_over_two_intervals_gives_the_trail_of_the_scheduled_runs_and
     backfilled = tmp_path / "backfilled"
     backfilled.mkdir()
     world = AirflowWorld(backfilled, write_world(backfilled, total_hours=3, commit_hour=1), new_metadata_database(),
-                         "postgresql://nobody@127.0.0.1:1/none")
+                         "postgresql://nobody@127.0.0.1:1/none", spark_remote)
     world.env.update({"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                       "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
     world.airflow("dags", "reserialize")
@@ -577,7 +586,7 @@ def test_a_run_pulls_while_the_archive_does_not_reach_its_interval_a_backfill_ne
 @pytest.mark.pg
 @pytest.mark.long_running(100)
 def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_does_not_pull(
-        tmp_path, store, target_dsn, source_dsn, monkeypatch):
+        tmp_path, store, target_dsn, source_dsn, monkeypatch, spark_remote):
     from datetime import UTC, datetime
 
 
@@ -586,7 +595,7 @@ def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_do
     monkeypatch.setenv(SOURCE_ENV, source_dsn)
     assert cli.main(["--config", str(config_path), "add", "source", "PG"]) == 0
     monkeypatch.delenv(SOURCE_ENV)
-    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn, spark_remote)
     # The DAG's pull finds the source through its Airflow connection (conn_id), not the variable.
     world.env.pop(SOURCE_ENV, None)
     world.env["AIRFLOW_CONN_SOURCE_PG"] = as_uri(source_dsn)
@@ -621,11 +630,11 @@ def test_a_postgres_sources_capture_dag_pulls_first_and_a_backfilled_interval_do
 
 
 @pytest.mark.long_running(60)
-def test_every_operator_action_runs_through_the_control_dag(tmp_path, spark, store, target_dsn):
+def test_every_operator_action_runs_through_the_control_dag(tmp_path, spark, store, target_dsn, spark_remote):
     """One Airflow process runs the control DAG once per command (what `airflow dags
     test control DATE --conf` does, without an interpreter start per command)."""
     config_path = write_world(tmp_path, long_xids=("LONG", "SKIPME"))
-    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn)
+    world = AirflowWorld(tmp_path, config_path, store.connection.dsn, target_dsn, spark_remote)
     base = ["--config", str(config_path)]
     os.environ["TRAILBOUND_METADATA_DSN"] = store.connection.dsn
     try:

@@ -3,7 +3,8 @@
 The live pipeline run by Airflow's own scheduler, triggerer and API server (not `airflow
 dags test`) while pgbench writes, with one fault of each kind: kill -9 of a running task,
 kill -9 of the scheduler, `pg_ctl restart -m fast` of the source and of the metadata
-store and target server. Afterwards the target equals the source table by table (a
+store and target server, kill -9 of the Spark Connect server the tasks run their Spark
+work on. Afterwards the target equals the source table by table (a
 duplicate or a lost pgbench_history row changes its count), the checkpoint row is at the
 archive's last COMMIT, the slot was never confirmed past the archive, and the lag came
 back under its bound after each fault.
@@ -38,8 +39,8 @@ def test_a_short_soak_with_each_fault_converges_with_nothing_lost_or_duplicated(
     assert "| divergences / duplicates / losses | 0 / 0 / 0 |" in text, text
     assert "| tables equal to the source at the end | yes" in text, text
     kinds = [line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ") and
-             line.split("|")[2].strip() in ("task", "scheduler", "source", "target")]
-    assert sorted(set(kinds)) == ["scheduler", "source", "target", "task"], text
+             line.split("|")[2].strip() in ("task", "scheduler", "source", "target", "spark")]
+    assert sorted(set(kinds)) == ["scheduler", "source", "spark", "target", "task"], text
     assert "nothing killed" not in text, text
     assert done.returncode == 0, output[-4000:]
     assert (tmp_path / "soak.png").stat().st_size > 10_000, "the lag curve was drawn"
@@ -48,6 +49,6 @@ def test_a_short_soak_with_each_fault_converges_with_nothing_lost_or_duplicated(
 def _soak(home: Path, report: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "trailbound.devtools.soak", "--minutes", "3", "--interval", "30",
-         "--fault-every", "30", "--faults", "task,scheduler,source,target", "--rate", "20", "--seed", "7",
+         "--fault-every", "30", "--faults", "task,scheduler,source,target,spark", "--rate", "20", "--seed", "7",
          "--home", str(home), "--report", str(report)],
         capture_output=True, text=True, timeout=1800)

@@ -36,6 +36,13 @@ _SERVER_OPTIONS = (
 )
 
 
+def accepts(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:port (a server that is up)."""
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (another process may take it
     before the caller binds it: callers retry)."""

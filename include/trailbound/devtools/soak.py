@@ -2,7 +2,8 @@
 
     python -m trailbound.devtools.soak [--minutes 30] [--interval 60] [--rate 50]
                                        [--fault-every 150] [--faults task,scheduler,source,target]
-                                       [--seed N] [--home var/soak] [--report docs/benchmarks/soak.md]
+                                       [--spark connect|submit] [--seed N] [--home var/soak]
+                                       [--report docs/benchmarks/soak.md]
 
 Two throwaway servers of its own under HOME (pg-source, wal_level=logical; pg-target, the
 metadata store and the target), pgbench's tables published, and Airflow as a deployment
@@ -15,6 +16,12 @@ seconds (jittered) one fault, in a shuffled rotation of:
 - scheduler  kill -9 of the scheduler; a new one is started 10 s later
 - source     `pg_ctl restart -m fast` of the source server (pgbench is started again)
 - target     `pg_ctl restart -m fast` of the metadata-store and target server
+- spark      kill -9 of the Spark Connect server; a new one on the same address 10 s later
+
+The tasks' Spark work runs on a Spark Connect server of the soak's own (HOME/spark-connect,
+local[*]) through the Spark provider's `spark_connect_default` connection, as `make
+airflow` and docker-compose.yaml run it; `--spark submit` makes each capture task
+spark-submit its job instead (a JVM per run, as before Spark Connect).
 
 Lag is sampled every 5 s: the source's newest pgbench_history row minus the newest applied
 to the target (pgbench stamps each with its transaction's time): end-to-end lag while
@@ -37,7 +44,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,14 +57,15 @@ from trailbound import config as configuration
 from trailbound import dagfiles
 from trailbound.archive.segments import discover
 from trailbound.devtools.livedemo import LOGICAL_OPTIONS, table_digests
-from trailbound.devtools.localpg import LocalServer, free_port
+from trailbound.devtools.localpg import LocalServer, accepts, free_port
+from trailbound.devtools.sparkconnect import ConnectServer
 from trailbound.positions import Csn
 
 REPO = Path(__file__).resolve().parents[3]
 SOURCE_DB, META_DB, TARGET_DB = "soak_source", "soak_meta", "soak_target"
 TABLES = [("public", name) for name in ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")]
 DAGS = ("capture_esoak", "pump_psoak", "replicat_rsoak")
-FAULTS = ("task", "scheduler", "source", "target")
+FAULTS = ("task", "scheduler", "source", "target", "spark")
 SAMPLE_SECONDS = 5
 
 CONFIG = """\
@@ -111,6 +118,7 @@ class Soak:
     interval: int
     rate: int
     bound: float
+    spark_mode: str = "connect"   # or "submit"
     started: float = field(default_factory=time.monotonic)
     began: float = 0.0      # seconds from the start to the pipeline's first applied change
     lag: list[tuple[float, float]] = field(default_factory=list)   # (seconds since start, lag seconds)
@@ -121,6 +129,7 @@ class Soak:
     def __post_init__(self):
         self.source = LocalServer(self.home / "pg-source", options=LOGICAL_OPTIONS, databases=(SOURCE_DB,))
         self.target = LocalServer(self.home / "pg-target", databases=(META_DB, TARGET_DB))
+        self.spark = ConnectServer(self.home / "spark-connect")
         self.logs = self.home / "logs"
 
     def now(self) -> float:
@@ -138,6 +147,10 @@ class Soak:
         self.source.start()
         self.target.start()
         self.env = self._environment()
+        if self.spark_mode == "connect":
+            self.spark.start()
+            self.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+                {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.spark.port})
         start = (datetime.now(UTC) - timedelta(seconds=self.interval)).replace(microsecond=0)
         config_path = self.home / "trailbound.yaml"
         config_path.write_text(CONFIG.format(interval=self.interval, start=start.isoformat()))
@@ -210,7 +223,7 @@ class Soak:
                          "AIRFLOW__API__BASE_URL": url, "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/"})
         self.start_airflow("api-server")
         deadline = time.monotonic() + 240
-        while not _accepts(port):
+        while not accepts(port):
             if self.processes["api-server"].poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the API server did not start: see {self.logs / 'api-server.log'}")
             time.sleep(1)
@@ -241,6 +254,14 @@ class Soak:
             time.sleep(10)
             self.start_airflow("scheduler")
             detail = f"kill -9 {scheduler.pid} (the scheduler); a new one started 10 s later"
+        elif kind == "spark":
+            if self.spark_mode != "connect":
+                return Fault(kind, self.now(), "no Spark Connect server (--spark submit): nothing killed")
+            pid = int(self.spark.pid_file.read_text())
+            os.killpg(pid, signal.SIGKILL)  # spark-submit's session: the JVM and its Python workers
+            time.sleep(10)
+            self.spark.start(port=self.spark.port)
+            detail = f"kill -9 {pid} (the Spark Connect server); a new one on the same address 10 s later"
         elif kind == "source":
             self.source.restart()
             detail = "pg_ctl restart -m fast of the source server"
@@ -344,6 +365,7 @@ class Soak:
                 os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self.spark.stop()
         for server in (self.source, self.target):
             server.stop()
 
@@ -361,12 +383,6 @@ class Soak:
                         break
         return seen
 
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _kill(pid: int) -> None:
@@ -393,7 +409,8 @@ def plot(soak: Soak, path: Path) -> None:
     axes.plot([t / 60 for t, _ in soak.lag], [lag for _, lag in soak.lag], color="#017cee", linewidth=1.2,
               label="lag: source's newest pgbench_history row minus the target's")
     axes.axhline(soak.bound, color="#cc0000", linestyle="--", linewidth=1, label=f"bound ({soak.bound:.0f} s)")
-    colours = {"task": "#7f7f7f", "scheduler": "#ff7f0e", "source": "#2ca02c", "target": "#9467bd"}
+    colours = {"task": "#7f7f7f", "scheduler": "#ff7f0e", "source": "#2ca02c", "target": "#9467bd",
+               "spark": "#e377c2"}
     for kind in FAULTS:
         times = [f.at / 60 for f in soak.faults if f.kind == kind]
         if times:
@@ -421,7 +438,10 @@ def report(soak: Soak, path: Path, command: str, outcome: dict) -> None:
         f"first applied change ({outcome['setup_seconds']:.0f} s of set-up before it: the servers, Airflow's "
         "database, the first backlog with pgbench's 100,000 accounts); the capture DAG every "
         f"{soak.interval} s (pulling first), pump and replicat on the trail Assets, run by `airflow scheduler` "
-        "(LocalExecutor), `airflow triggerer` and `airflow api-server`. The lag bound: "
+        "(LocalExecutor), `airflow triggerer` and `airflow api-server`; the tasks' Spark "
+        + ("on a Spark Connect server (local[*]) through the `spark_connect_default` connection. "
+           if soak.spark_mode == "connect" else "by spark-submit, a JVM per capture run. ")
+        + "The lag bound: "
         f"{soak.bound:.0f} s.",
         "",
         "## Outcome",
@@ -461,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--converge-minutes", type=float, default=10, help="how long to wait for convergence (10)")
     parser.add_argument("--first-apply-minutes", type=float, default=15,
                         help="how long the set-up and the first backlog may take to reach the target (15)")
+    parser.add_argument("--spark", choices=["connect", "submit"], default="connect",
+                        help="the tasks' Spark: a Spark Connect server of the soak's (default) or spark-submit per run")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--home", type=Path, default=REPO / "var" / "soak")
     parser.add_argument("--report", type=Path, help="write the results here (Markdown) and the lag curve beside it")
@@ -471,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(FAULTS))
     if unknown:
         parser.error(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULTS)}")
-    soak = Soak(args.home.resolve(), args.interval, args.rate, args.bound or 4 * args.interval + 120)
+    soak = Soak(args.home.resolve(), args.interval, args.rate, args.bound or 4 * args.interval + 120, args.spark)
     command = shlex.join(["python", "-m", "trailbound.devtools.soak", *(argv if argv is not None else sys.argv[1:]),
                           *([] if args.seed is not None else ["--seed", str(seed)])])
     print(f"== soak: {command}")

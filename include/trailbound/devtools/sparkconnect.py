@@ -22,24 +22,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trailbound.devtools.localpg import free_port
+from trailbound.devtools.localpg import accepts, free_port
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def spark_submit() -> Path:
@@ -94,7 +85,7 @@ class ConnectServer:
             return None
 
     def is_running(self) -> bool:
-        return self._pid() is not None and self.port_file.exists() and _accepts(self.port)
+        return self._pid() is not None and self.port_file.exists() and accepts(self.port)
 
     def environment(self) -> dict[str, str]:
         """The server's environment: its Python workers import trailbound (see the module's
@@ -107,12 +98,14 @@ class ConnectServer:
         env["PYSPARK_PYTHON"] = env.get("PYSPARK_PYTHON") or sys.executable
         return workers_import_trailbound(env)
 
-    def start(self, master: str | None = None, timeout: float = 180.0) -> "ConnectServer":
+    def start(self, master: str | None = None, timeout: float = 180.0, *, port: int | None = None) -> "ConnectServer":
+        """Starts the server (unless it runs), on `port` (a restart keeps the address its
+        clients know) or a free one."""
         if self.is_running():
             return self
         self.directory.mkdir(parents=True, exist_ok=True)
         master = master or os.environ.get("SPARK_MASTER", "local[*]")
-        port = free_port()
+        port = port or free_port()
         self.port_file.write_text(str(port))
         command = [str(spark_submit()), "--class", SERVER_CLASS, "--master", master, "--name", "trailbound-connect",
                    "--conf", f"spark.connect.grpc.binding.port={port}"]
@@ -124,7 +117,7 @@ class ConnectServer:
                                        env=self.environment(), start_new_session=True)
         self.pid_file.write_text(str(process.pid))
         deadline = time.monotonic() + timeout
-        while not _accepts(port):
+        while not accepts(port):
             if process.poll() is not None:
                 raise RuntimeError(f"the Spark Connect server exited ({process.returncode}); see {self.log_file}")
             if time.monotonic() > deadline:
