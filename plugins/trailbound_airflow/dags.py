@@ -17,6 +17,7 @@ from importlib import import_module
 from pathlib import Path
 
 from airflow.sdk import DAG, Asset, DeltaDataIntervalTimetable, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from trailbound_airflow.hooks import TrailboundHook
 from trailbound_airflow.operators import TrailboundSparkSubmitOperator
@@ -136,14 +137,16 @@ def capture_dag(*, dag_id: str, doc_md: str, group: str, source: str, interval: 
 
         published = trail_asset(trail)
 
-        @task(outlets=[published], retries=0)  # a data check: retrying finds the same data
+        # A data check: its verdict fails the task at once (retrying finds the same data);
+        # a fault on the way to it (a killed process, a lost connection) is retried.
+        @task(outlets=[published])
         def validate_trail(after_seqno: int, outlet_events=None) -> str:
             """Great Expectations on the new trail files: commit order, indicators, no
             rolled-back transaction, record counts. The trail's Asset event names the new
             files and the committed write position, for whoever it triggers."""
             checked = TrailboundHook().validate_new_trail(group, source, after_seqno)
             if not checked.report.success:
-                raise ValueError(checked.report.describe())
+                raise AirflowFailException(checked.report.describe())
             outlet_events[published].extra = {
                 "extract": group, "new_files": [path.name for path in checked.files],
                 "write_position": checked.write_position, "last_csn": checked.last_csn}
@@ -259,14 +262,15 @@ def replicat_dag(*, dag_id: str, doc_md: str, group: str, start_date: datetime, 
 
         # The check runs after an idle (skipped) apply too: a target changed behind the
         # replicat's back is found whether or not there was anything new to apply.
-        @task(retries=0, trigger_rule="none_failed")
+        # As validate_trail: a verdict fails at once, a fault is retried.
+        @task(trigger_rule="none_failed")
         def check_replica() -> str:
             """Row counts and per-table checksums of the target against what the applied
             trail says should be there (or the source's truth file, once applied through);
             for a live PostgreSQL source, a compare with the source itself."""
             report = TrailboundHook().check_replica(group)
             if not report.success:
-                raise ValueError(report.describe())
+                raise AirflowFailException(report.describe())
             return report.describe()
 
         apply >> check_replica()
