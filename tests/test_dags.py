@@ -394,7 +394,8 @@ def test_capture_pump_replicat_monitor_and_control_dags_reach_the_truth(tmp_path
     for dag_id in ("pump_pmp1", "replicat_rep1"):
         state, output = world.dags_test(dag_id, 4)
         assert state == "success", output[-3000:]
-        assert "needs no spark-submit: running in this task" in output, "local trails, local master: no JVM"
+        assert f"{dag_id.split('_')[0]} {dag_id.split('_')[1].upper()} runs in this task on the Spark Connect server" \
+            in output, "a client of the Connect server: no spark-submit, no JVM in the task"
     assert "PASSED: 1 target tables against the trail as applied through" in output
     assert replica_rows(target_dsn) == [(100_000 + h, f"n{100_000 + h}") for h in range(4)]
 

@@ -65,15 +65,17 @@ class TrailboundSparkSubmitOperator(SparkSubmitOperator):
         self.log.info("%s (checked in %.1f s)", reason or "work to do", time.perf_counter() - began)
         if reason:
             raise AirflowSkipException(reason)
+        # The DAG run this run belongs to, recorded with it (the console links each run to it).
+        airflow_run = [context["ti"].dag_id, context["run_id"]]
         remote = hook.spark_remote()
         if remote:
             # A warm Spark Connect server: the run is its client, in this task, with no
             # spark-submit and no JVM here (docs/architecture.md, "Where each stage runs").
             self.log.info("%s %s runs in this task on the Spark Connect server", self.kind, self.group)
-            hook.run_command([VERBS[self.kind], "run", self.group, *self._options()], remote=remote)
+            hook.run_command([VERBS[self.kind], "run", self.group, *self._options(), "--airflow-run", *airflow_run],
+                             remote=remote)
             return None
         master = self._spark_master()
-        airflow_run = [context["ti"].dag_id, context["run_id"]]
         if self.kind in ("pump", "replicat") and hook.runs_in_the_task(self.kind, self.group, master):
             self.log.info("%s %s needs no spark-submit: running in this task", self.kind, self.group)
             hook.run_in_the_task(self.kind, self.group, master, airflow_run=airflow_run)
