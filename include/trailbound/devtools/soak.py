@@ -237,13 +237,15 @@ class Soak:
         self.groups.append(self.processes["pgbench"].pid)
 
     # -- faults --------------------------------------------------------------------------
-    def inject(self, kind: str) -> Fault:
+    def inject(self, kind: str) -> Fault | None:
+        """One fault of `kind`; None when there was nothing to strike (no task running)."""
         if kind == "task":
             waited_until = time.monotonic() + 2 * self.interval  # a run comes every interval
             while not (victims := self._task_processes()) and time.monotonic() < waited_until:
                 time.sleep(1)
             if not victims:
-                return Fault(kind, self.now(), f"no task ran for {2 * self.interval} s: nothing killed")
+                self.say(f"FAULT task: no task ran for {2 * self.interval} s; tried again later")
+                return None
             victim = random.choice(victims)
             detail = f"kill -9 {victim.pid} ({' '.join(victim.cmdline())[:90]})"
             _kill(victim.pid)
@@ -256,7 +258,7 @@ class Soak:
             detail = f"kill -9 {scheduler.pid} (the scheduler); a new one started 10 s later"
         elif kind == "spark":
             if self.spark_mode != "connect":
-                return Fault(kind, self.now(), "no Spark Connect server (--spark submit): nothing killed")
+                raise SystemExit("the spark fault needs the Spark Connect server (--spark connect)")
             pid = int(self.spark.pid_file.read_text())
             os.killpg(pid, signal.SIGKILL)  # spark-submit's session: the JVM and its Python workers
             time.sleep(10)
@@ -472,7 +474,7 @@ def report(soak: Soak, path: Path, command: str, outcome: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trailbound.devtools.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=30, help="how long pgbench writes and faults come (30)")
+    parser.add_argument("--minutes", type=float, default=30, help="how long pgbench writes and faults come (30); at least until each kind of fault came once")
     parser.add_argument("--interval", type=int, default=60, help="the capture DAG's schedule, seconds (60)")
     parser.add_argument("--rate", type=int, default=50, help="pgbench transactions per second (50)")
     parser.add_argument("--fault-every", type=float, default=150, help="seconds between faults, jittered (150)")
@@ -517,11 +519,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(SAMPLE_SECONDS)
         soak.say("the pipeline applied its first changes: the soak begins")
         soak.began = soak.now()
+        # The soak lasts its minutes, and at least until each kind of fault has come once
+        # (on a slow machine a fault and its recovery take longer than FAULT-EVERY).
         end = soak.now() + args.minutes * 60
         rotation: list[str] = []
         next_fault = soak.now() + args.fault_every * random.uniform(0.7, 1.3)
         last_said = soak.now()
-        while soak.now() < end:
+        while soak.now() < end or (set(kinds) - {fault.kind for fault in soak.faults} and soak.now() < end + 600):
             soak.keep_pgbench_writing()
             lag = soak.sample_lag()
             if soak.now() - last_said >= 60:
@@ -530,7 +534,12 @@ def main(argv: list[str] | None = None) -> int:
             if kinds and soak.now() >= next_fault:
                 if not rotation:
                     rotation = random.sample(kinds, len(kinds))
-                soak.faults.append(soak.inject(rotation.pop()))
+                kind = rotation.pop()
+                fault = soak.inject(kind)
+                if fault is None:
+                    rotation.insert(0, kind)  # nothing to strike now: it comes again later
+                else:
+                    soak.faults.append(fault)
                 next_fault = soak.now() + args.fault_every * random.uniform(0.7, 1.3)
             time.sleep(SAMPLE_SECONDS)
         pgbench = soak.processes.pop("pgbench")
