@@ -206,3 +206,18 @@ def write_file(connection, checkpoint_table: CheckpointTableName, group: str, pa
                     (str(path), [row.discard_id for row in rows]))
     connection.commit()
     return len(rows)
+
+
+def listing(config, group: str, *, target_dsn: str | None = None, since: datetime | None = None,
+            table: str | None = None) -> tuple[str, list[Discard]]:
+    """`trailbound discards GROUP`: (the discard table's name, the group's discards)."""
+    from trailbound.replicat import target as tgt  # the CLI's listing only
+
+    name = config.replicat_name(group)
+    checkpoint_table = CheckpointTableName.parse(config.replicat(name).checkpointtable)
+    connection = tgt.connect(config, target_dsn)
+    try:
+        with connection.cursor() as cur:
+            return name_of(checkpoint_table), select(cur, checkpoint_table, name, since=since, table=table)
+    finally:
+        connection.close()
