@@ -39,13 +39,15 @@ class Reapplied:
         total = len(self.applied) + len(self.refused)
         if not total:
             return f"Replicat {self.group}: no discarded operations to reapply in {self.table}."
-        lines = [f"Replicat {self.group}: reapplied {len(self.applied)} of {total} discarded operation(s) from "
-                 f"{self.table}; {len(self.refused)} still refused (their rows stay):"]
+        head = f"Replicat {self.group}: reapplied {len(self.applied)} of {total} discarded operation(s) from {self.table}"
+        if not self.refused:
+            return head + "."
+        lines = [f"{head}; {len(self.refused)} still refused (their rows stay):"]
         for failure in self.refused:
             row = failure.record
             lines.append(f"  discard {row.discard_id}: {row.op} on {row.source_table} (seqno {row.seqno} rba "
                          f"{row.rba}, CSN {row.csn}): SQLSTATE {failure.sqlstate or '-'}: {failure.message}")
-        return "\n".join(lines if self.refused else lines[:1])
+        return "\n".join(lines)
 
 
 def reapply(store: MetadataStore, config: Config, group: str, *, target_dsn: str | None = None,
