@@ -658,16 +658,21 @@ class _Run:
                 self.flush()  # what did commit is recorded before the run stops
                 raise self._refused(chunk, stop.failure) from None
             except (psycopg2.Error, TrailboundError) as exc:
-                # Not a record's: a table version that cannot be made, a file that is not
-                # the committed one, a target that went away.
+                # Not one record's: a table version that cannot be made, a file that is not
+                # the committed one (raised as they are), a target that went away, or a
+                # refusal at COMMIT (a deferred constraint: named by the transaction's
+                # last record; no REPERROR rule can set one operation aside there).
+                lost = self.connection.closed
                 self._rollback_quietly()
                 self.flush()
                 if isinstance(exc, TrailboundError):
                     raise
-                raise TrailboundError(f"target error replaying the transaction from "
-                                      f"{chunk.path_of(records[0]['seqno'])} rba {records[0]['rba']} (CSN "
-                                      f"{Csn.from_row(records[0])}): {' '.join((exc.pgerror or str(exc)).split())}") \
-                    from None
+                message = " ".join((exc.pgerror or str(exc)).split())
+                if lost:
+                    raise TrailboundError(f"target error replaying the transaction from "
+                                          f"{chunk.path_of(records[0]['seqno'])} rba {records[0]['rba']} (CSN "
+                                          f"{Csn.from_row(records[0])}): {message}") from None
+                raise self._refused(chunk, reperror.Failure(records[-1], exc, reperror.ABEND)) from None
             except BaseException:
                 self._rollback_quietly()
                 raise
