@@ -30,7 +30,7 @@ import yaml
 
 from capture_kit import rec
 from replicat_kit import captured, checkpoint_row, orders
-from trailbound import cli
+from trailbound import cli, quality
 from trailbound import config as configuration
 from trailbound.compare.run import outstanding_discards
 from trailbound.config import RepErrorRule
@@ -133,6 +133,8 @@ def test_discarded_operations_are_recorded_counted_reported_and_reapplied_once_t
     assert _counts(store) == {"shop.orders": (2, 1, 2)}, "STATS: 4 inserts in the trail, 2 applied, 2 discarded"
     assert "Discards             2 outstanding in trailbound.discards (shop.orders: 2;" in \
         describe_replicat(store, config, "REP1", target_dsn=target_dsn)
+    check = quality.validate_replica(config, store, "REP1", target_dsn=target_dsn)   # the replicat DAG's check
+    assert not check.success and "shop.orders (2 discarded operation(s) outstanding" in check.describe()
 
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
@@ -159,6 +161,7 @@ def test_discarded_operations_are_recorded_counted_reported_and_reapplied_once_t
     assert outstanding_discards(config, "REP1", connection, {"shop.orders"}) == {}
     connection.close()
     assert "Discards " not in describe_replicat(store, config, "REP1", target_dsn=target_dsn)
+    assert quality.validate_replica(config, store, "REP1", target_dsn=target_dsn).success
 
 
 def test_a_kill_before_or_after_a_discard_commits_neither_loses_nor_duplicates_it(tmp_path, spark, store,
