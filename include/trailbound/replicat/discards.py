@@ -74,6 +74,10 @@ def name_of(checkpoint_table: CheckpointTableName) -> str:
 
 
 def create(cur, checkpoint_table: CheckpointTableName) -> None:
+    """Create the discard table if missing (no DDL at all when it exists: a replicat's role
+    may lack the right to create in the database)."""
+    if exists(cur, checkpoint_table):
+        return
     cur.execute(_DDL.format(schema=sql.Identifier(checkpoint_table.schema), table=table_of(checkpoint_table),
                             index=sql.Identifier(f"{TABLE}_group_target")))
 
