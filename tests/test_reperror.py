@@ -101,6 +101,7 @@ CONSTRAINTS = ("ALTER TABLE shop.orders ADD CONSTRAINT note_ok CHECK (note IS DI
                "ALTER TABLE shop.orders ADD CONSTRAINT id_ok CHECK (id <> 5)")
 
 
+@pytest.mark.long_running(60)
 def test_discarded_operations_are_recorded_counted_reported_and_reapplied_once_the_target_is_fixed(
         tmp_path, spark, store, target_dsn, capsys, monkeypatch):
     config_path, _ = captured(tmp_path, spark, store, target_dsn, REFUSED)
