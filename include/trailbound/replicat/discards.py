@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from psycopg2 import sql
 
+from trailbound.ggsci import timestamp, utc
 from trailbound.positions import Csn
 from trailbound.replicat.checkpoint_table import CheckpointTableName
 from trailbound.tables import python_regex
@@ -122,13 +123,11 @@ class Discard:
             return json.dumps(json.loads(text), ensure_ascii=False) if text else "-"
         target = f" (target {self.target_table})" if self.target_table and self.target_table != self.source_table else ""
         return "\n".join([
-            f"Discard {self.discard_id} ({self.action}) at {self.discarded_at:%Y-%m-%d %H:%M:%S} UTC, replicat "
-            f"{self.group_name}",
+            f"Discard {self.discard_id} ({self.action}) at {utc(self.discarded_at)}, replicat {self.group_name}",
             f"  SQLSTATE {self.sqlstate or '-'}: {self.message}",
             f"  Operation: {self.op} on {self.source_table}{target}",
             f"  Trail file {self.trail_file} seqno {self.seqno} rba {self.rba}",
-            f"  CSN {self.csn}, xid {self.xid!r}, committed at the source "
-            f"{f'{self.commit_ts:%Y-%m-%d %H:%M:%S.%f} UTC' if self.commit_ts else '-'}",
+            f"  CSN {self.csn}, xid {self.xid!r}, committed at the source {timestamp(self.commit_ts)}",
             f"  Before image: {image(self.before_image)}",
             f"  After image:  {image(self.after_image)}",
         ])
@@ -182,7 +181,7 @@ def delete_statement(checkpoint_table: CheckpointTableName) -> sql.Composed:
 
 def file_path(directory: Path, group: str, run_started: datetime) -> Path:
     """The run's discard file (a group name is letters, digits and _: safe in a path)."""
-    return directory / f"{group}_{run_started:%Y%m%dT%H%M%S}Z.dsc"
+    return directory / f"{group}_{run_started.astimezone(timezone.utc):%Y%m%dT%H%M%S}Z.dsc"
 
 
 def write_file(connection, checkpoint_table: CheckpointTableName, group: str, path: Path,
@@ -198,7 +197,7 @@ def write_file(connection, checkpoint_table: CheckpointTableName, group: str, pa
     new = not path.exists()
     with open(path, "a", encoding="utf-8") as out:
         if new:
-            out.write(f"trailbound replicat {group} discard file, run started {run_started:%Y-%m-%d %H:%M:%S} UTC\n"
+            out.write(f"trailbound replicat {group} discard file, run started {utc(run_started)}\n"
                       f"(the discard table {name_of(checkpoint_table)} in the target is the record; "
                       f"`trailbound discards {group}` lists it)\n\n")
         for row in rows:
