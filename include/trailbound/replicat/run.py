@@ -511,6 +511,11 @@ class _Run:
                 except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
                     cur.execute("ROLLBACK TO SAVEPOINT tb_piece")
                     self.replay_piece(cur, chunk, reason=exc)
+                except psycopg2.Error as exc:
+                    if self.connection.closed or not self.reperror.may_handle(exc):
+                        raise
+                    cur.execute("ROLLBACK TO SAVEPOINT tb_piece")  # a REPERROR rule acts on it: record by record
+                    self.replay_piece(cur, chunk, reason=exc)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
                 if not piece.last:
