@@ -165,6 +165,7 @@ def test_discarded_operations_are_recorded_counted_reported_and_reapplied_once_t
     assert quality.validate_replica(config, store, "REP1", target_dsn=target_dsn).success
 
 
+@pytest.mark.long_running(60)
 def test_a_kill_before_or_after_a_discard_commits_neither_loses_nor_duplicates_it(tmp_path, spark, store,
                                                                                    target_dsn):
     config_path, _ = captured(tmp_path, spark, store, target_dsn, REFUSED)
@@ -200,7 +201,9 @@ def test_transdiscard_sets_the_whole_transaction_aside_ignore_skips_and_a_missin
                _ins(20, "T2", 4), _ins(21, "T2", 5), _commit(22, "T2"),
                rec(30, "T3", "UPDATE", "shop.orders", key=1, note="changed"), _commit(31, "T3"),
                _ins(40, "T4", 6), _commit(41, "T4")]
-    config_path, _ = captured(tmp_path, spark, store, target_dsn, records)
+    # One transaction per group: the insert-only ones go to parallel lanes, whose refused
+    # groups are replayed on the run's own session, where the rules act.
+    config_path, _ = captured(tmp_path, spark, store, target_dsn, records, grouptransops=1)
     rules = [{"sqlstate": "23514", "action": "transdiscard"},
              {"sqlstate": "23505", "action": "ignore", "map": "shop.*"},   # a MAP rule: wins over the code's class
              {"sqlstate": "23", "action": "abend"},
@@ -220,7 +223,7 @@ def test_transdiscard_sets_the_whole_transaction_aside_ignore_skips_and_a_missin
 
     config = _rules(config_path, [{"sqlstate": "02000", "action": "discard"}, *rules])
     result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
-    assert (result.transactions, result.discarded) == (2, 1), result.describe()
+    assert (result.transactions, result.discarded, result.parallel_groups) == (2, 1, 1), result.describe()
     assert orders(target_dsn) == {4: "the target's own", 5: "n5", 6: "n6"}
     missing = _discards(target_dsn)[-1]
     assert (missing["xid"], missing["op"], missing["sqlstate"], missing["action"]) == ("T3", "UPDATE", "02000",
