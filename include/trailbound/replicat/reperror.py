@@ -42,9 +42,10 @@ from trailbound.tables import python_regex
 
 log = logging.getLogger("trailbound.replicat")
 
+
 def sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE an error stands for here, or None (then only `default` can catch it,
-    and not even that: see `Policy.action`)."""
+    """The SQLSTATE an error stands for here (a psycopg2 error's, apply.MissingRow's), or
+    None: then no rule applies and the run stops (`Policy.action`)."""
     return getattr(exc, "pgcode", None) or None
 
 
@@ -53,10 +54,6 @@ class Action:
     name: str              # one of config.RepErrorAction
     retries: int = 0
     delay: float = 0.0     # seconds
-
-    @property
-    def whole_transaction(self) -> bool:
-        return self.name in ("transabend", "transdiscard")
 
 
 ABEND = Action("abend")
