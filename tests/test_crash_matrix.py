@@ -124,7 +124,10 @@ STAGES = ("extract", "pump", "replicat", "purge", "retention")
 # Crash points covered elsewhere, listed in the matrix for completeness.
 ELSEWHERE = {"after_segment_before_manifest": "tests/test_pg_source.py (PostgreSQL miner)",
              "after_manifest_before_confirm": "tests/test_pg_source.py (PostgreSQL miner)",
-             "between_pieces": "tests/test_replicat_pieces.py (replicat, a transaction longer than chunk_records)"}
+             "between_pieces": "tests/test_replicat_pieces.py (replicat, a transaction longer than chunk_records)",
+             # The matrix's target refuses nothing, so no operation is ever discarded there.
+             "discard_before_commit": "tests/test_reperror.py (replicat, REPERROR discard: the row not committed)",
+             "discard_after_commit": "tests/test_reperror.py (replicat, REPERROR discard: committed, not in the file)"}
 
 
 def test_the_plan_names_every_crash_point():

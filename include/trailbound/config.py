@@ -239,6 +239,61 @@ class DdlConfig(_Section):
     drop_columns: Literal["keep", "drop"] = "keep"   # a column dropped at the source: kept on the target, or dropped
 
 
+_SQLSTATE = re.compile(r"^[0-9A-Z]{2}(?:[0-9A-Z]{3})?$")
+RepErrorAction = Literal["abend", "discard", "ignore", "retryop", "transabend", "transdiscard"]
+
+
+class RepErrorRule(_Section):
+    """REPERROR: what replicat does when the target refuses an operation with this
+    SQLSTATE (a five-character code, or its two-character class), optionally only for
+    the source tables `map` selects; `{default: ACTION}` covers every other error.
+    The most specific rule wins: a MAP rule over a global one, then code over class over
+    default (replicat/reperror.py, docs/replicat.md "REPERROR")."""
+
+    sqlstate: str | None = None
+    default: RepErrorAction | None = None
+    action: RepErrorAction | None = None
+    map: str | None = None             # source tables (schema.table, `*` and `?`), as in MAP
+    retries: int | None = Field(default=None, ge=1)   # retryop: attempts after the first
+    delay: Duration = timedelta(0)     # retryop: the wait before each attempt again
+
+    @field_validator("sqlstate", mode="before")
+    @classmethod
+    def _sqlstate(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        text = str(value).strip().upper()
+        if not _SQLSTATE.match(text):
+            raise ValueError(f"{value!r} is not a SQLSTATE: five characters (23505) or a two-character class (23)")
+        return text
+
+    @field_validator("map")
+    @classmethod
+    def _qualified(cls, value: str | None) -> str | None:
+        if value is not None and not _MAP_NAME.match(value):
+            raise ValueError(f"{value!r} must be schema.table (wildcards allowed: shop.*)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "RepErrorRule":
+        if (self.sqlstate is None) == (self.default is None):
+            raise ValueError("a reperror rule is {sqlstate: CODE, action: ACTION} or {default: ACTION}")
+        if self.default is not None and self.action is not None:
+            raise ValueError("a default rule names its action as `default: ACTION`, without `action`")
+        if self.sqlstate is not None and self.action is None:
+            raise ValueError(f"reperror rule for SQLSTATE {self.sqlstate} names no action")
+        if (self.resolved == "retryop") != (self.retries is not None):
+            raise ValueError("`retries: N` goes with action retryop, and only with it")
+        if self.delay and self.resolved != "retryop":
+            raise ValueError("`delay` goes with action retryop only")
+        return self
+
+    @property
+    def resolved(self) -> str:
+        """The rule's action, whichever way it was written."""
+        return self.action or self.default
+
+
 class ReplicatConfig(_Section):
     """A replicat group's parameters (a Replicat parameter file): the trail it applies to
     the target database, how source tables map to target tables, and how it groups
@@ -258,6 +313,12 @@ class ReplicatConfig(_Section):
     chunk_records: int = Field(default=250_000, ge=1)
     checkpointtable: str = "trailbound.ggcheckpoint"  # CHECKPOINTTABLE [schema.]name in the target
     ddl: DdlConfig = Field(default_factory=DdlConfig)  # a source table's new version: see DdlConfig
+    # REPERROR: what a target error does to an operation (default: abend, stop the run);
+    # see RepErrorRule and docs/replicat.md "REPERROR and discards".
+    reperror: list[RepErrorRule] = Field(default_factory=list)
+    # DISCARDFILE: the directory of each run's readable discard file (<group>_<start>.dsc);
+    # the discard table in the target is the record, the file a view of it.
+    discarddir: Path = Path("var/dirdsc")
 
     @field_validator("exttrail")
     @classmethod

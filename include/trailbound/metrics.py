@@ -141,7 +141,7 @@ def render(store: MetadataStore, config: Config, *, slot_lags: list[SlotLag] = (
                [({"program": r["stage"], "group": r["group_name"], "table": r["table_name"],
                   "op": column.removesuffix("s")}, r[column])
                 for r in counts for column in ("inserts", "updates", "deletes", "truncates")])
-    out.family("trailbound_discards_total", "counter", "Operations set aside by REPERROR DISCARD (0 until it exists).",
+    out.family("trailbound_discards_total", "counter", "Operations set aside by REPERROR discard or transdiscard.",
                [({"program": r["stage"], "group": r["group_name"], "table": r["table_name"]}, r["discards"])
                 for r in counts if r["stage"] == "replicat"])
     out.family("trailbound_collisions_total", "counter", "HANDLECOLLISIONS collisions replicat handled.",

@@ -221,7 +221,8 @@ def validate_replica(config, store, group: str, *, spark=None, source_dsn: str |
                                           source_dsn=source_dsn, target_dsn=target_dsn))
 
     from trailbound.archive.segments import load_defs
-    from trailbound.replicat import checkpoints, expected
+    from trailbound.replicat import checkpoints, discards, expected
+    from trailbound.replicat.checkpoint_table import CheckpointTableName
     from trailbound.trail import catalog
     from trailbound.replicat.target import connect, map_name
 
@@ -244,6 +245,8 @@ def validate_replica(config, store, group: str, *, spark=None, source_dsn: str |
     connection = connect(config, target_dsn)
     try:
         with connection.cursor() as cur:
+            # Operations REPERROR set aside: the replica differs there on purpose, until reapplied.
+            discarded = discards.outstanding(cur, CheckpointTableName.parse(state.checkpoint_table), group)
             for table in tables.values():
                 target = map_name(replicat.map, table.name)
                 if target is not None:
@@ -262,6 +265,9 @@ def validate_replica(config, store, group: str, *, spark=None, source_dsn: str |
     suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(column="gone_but_present", value_set=[0]))
     result = batch.validate(suite)
     differing = [r[0] for r in results if (r[1], r[3], r[5], r[7]) != (r[2], r[4], r[6], 0)]
+    targets = {r[0]: ".".join(map_name(replicat.map, r[0])) for r in results}
+    differing = [f"{name} ({discarded[targets[name]]} discarded operation(s) outstanding: `trailbound discards "
+                 f"{group}`)" if discarded.get(targets[name]) else name for name in differing]
     report = QualityReport(bool(result.success), f"{len(results)} target tables against {against}"
                            + (f"; differing: {', '.join(differing)}" if differing else ""),
                            [(r.expectation_config.type + _column(r.expectation_config), bool(r.success))

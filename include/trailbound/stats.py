@@ -7,9 +7,10 @@ Times are UTC (ggsci.py). STATS' periods, GoldenGate's: total (every counted run
 daily (counts committed since midnight), hourly (since the hour began), latest (the
 group's last run that counted anything). A run's counts are those its checkpoints
 committed: a run that failed records none (its replicat_run row is missing too), a
-pump's run counts each file it committed. Discards stay 0 until REPERROR ... DISCARD
-exists; collisions are HANDLECOLLISIONS' where replicat applies a group one statement at
-a time (the fast path applies a colliding group that way).
+pump's run counts each file it committed. Discards are the operations replicat's REPERROR
+rules set aside (discard, transdiscard), not counted as inserts, updates or deletes;
+collisions are HANDLECOLLISIONS' where replicat applies a group one statement at a time
+(the fast path applies a colliding group that way).
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def stats_report(store: MetadataStore, config: Config, stage: str, group: str, *
                 lines += _section(period, by_period[period][0], found[period])
     lines.append("End of Statistics.")
     if stage == "replicat":
-        lines += ["", "Discards: 0 until REPERROR ... DISCARD exists. Collisions: HANDLECOLLISIONS, counted where "
-                      "replicat applies records one statement at a time."]
+        lines += ["", "Discards: operations REPERROR set aside (discard, transdiscard; `trailbound discards GROUP`), "
+                      "not counted as applied. Collisions: HANDLECOLLISIONS, counted where replicat applies records "
+                      "one statement at a time."]
     return "\n".join(lines)
 
 

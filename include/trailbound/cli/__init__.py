@@ -15,7 +15,7 @@
     status.py     info all, and INFO of the groups a wildcard matches
     pump.py       pump run, add|delete|info pump, purge trails
     retention.py  register|unregister extract ... logretention, retention run, info retention
-    replicat.py   replicat run, add checkpointtable, alter|info replicat, target create
+    replicat.py   replicat run, add checkpointtable, alter|info replicat, target create, discards
     stats.py      stats extract|pump|replicat (STATS), lag extract|pump|replicat (LAG)
     report.py     view report (VIEW REPORT), send replicat ... status
     compare.py    compare

@@ -38,6 +38,8 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound lag replicat REP1             last record lag, at EOF or not (lag extract|pump|replicat G)
     trailbound view report REP1 [--run N]    a run: command, outcome, what it committed, counts per table
     trailbound send replicat REP1 status     a batch replicat: run in progress, checkpoint, what waits
+    trailbound discards REP1 [--since TS] [--table P] [--reapply]
+                                             discarded operations (REPERROR); --reapply them after a fix
     trailbound target create [--source S]    create target tables from defs.json
     trailbound dags generate [--directory D] write one Airflow DAG file per configured group
     trailbound simulate                      write the simulated source's archive
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.arguments(kinds)
     retention.arguments(verbs, kinds)
     replicat.arguments(verbs, kinds)
+    replicat.discards_arguments(verbs)
     stats.arguments(verbs)
     report.arguments(verbs)
     compare.arguments(verbs)

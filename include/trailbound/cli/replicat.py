@@ -1,9 +1,9 @@
 """Replicat groups and the target: `trailbound replicat run`, `add checkpointtable`,
-`alter|info replicat`, `target create`."""
+`alter|info replicat`, `target create`, `discards`."""
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, airflow_run_argument, verb
+from trailbound.cli.context import Context, airflow_run_argument, utc_time, verb
 from trailbound.cli.status import info_groups
 
 
@@ -17,7 +17,7 @@ def replicat_run(ctx: Context) -> int:
 
 
 def add_checkpointtable(ctx: Context) -> int:
-    from trailbound.replicat import checkpoint_table, target
+    from trailbound.replicat import checkpoint_table, discards, target
 
     if ctx.args.name:
         names = [ctx.args.name]
@@ -29,8 +29,10 @@ def add_checkpointtable(ctx: Context) -> int:
             name = checkpoint_table.CheckpointTableName.parse(text)
             with connection.cursor() as cur:
                 created = checkpoint_table.create(cur, name)
+                discards.create(cur, name)
             connection.commit()
-            print(f"Checkpoint table {name} (and {name}_lox) " + ("created." if created else "already exists."))
+            print(f"Checkpoint table {name} (and {name}_lox, and the discard table {discards.name_of(name)}) "
+                  + ("created." if created else "already exists."))
     finally:
         connection.close()
     return 0
@@ -92,3 +94,35 @@ def arguments(verbs, kinds) -> None:
         dest="action", required=True, metavar="ACTION")
     verb(target_verbs, "create", target_create, "create the target tables from the source's defs.json (through the "
                                                 "replicats' map)").add_argument("--source", help="default: the only one")
+
+
+def discards(ctx: Context) -> int:
+    """`trailbound discards REP1 [--since TS] [--table P] [--reapply]`."""
+    if ctx.args.reapply:
+        from trailbound.replicat.reapply import reapply
+
+        result = reapply(ctx.store, ctx.config, ctx.args.group, target_dsn=ctx.target_dsn, since=ctx.args.since,
+                         table=ctx.args.table)
+        print(result.describe())
+        return 1 if result.refused else 0
+    from trailbound.replicat.discards import listing
+
+    name, rows = listing(ctx.config, ctx.args.group, target_dsn=ctx.target_dsn, since=ctx.args.since,
+                         table=ctx.args.table)
+    for row in rows:
+        print(row.shown() + "\n")
+    group = ctx.config.replicat_name(ctx.args.group)
+    print(f"{len(rows)} discarded operation(s) of replicat {group} outstanding in {name}"
+          + (f"; reapply them after fixing the target: trailbound discards {group} --reapply" if rows else ""))
+    return 0
+
+
+def discards_arguments(verbs) -> None:
+    command = verb(verbs, "discards", discards, "a replicat's discarded operations (REPERROR discard), and "
+                                                "--reapply them once the target is fixed")
+    command.add_argument("group")
+    command.add_argument("--since", type=utc_time, metavar="TS", help="discarded at or after this time (UTC)")
+    command.add_argument("--table", metavar="PATTERN", help="only these source or target tables (shop.*)")
+    command.add_argument("--reapply", action="store_true",
+                         help="apply them again, each in its own transaction that removes its row; exit 1 if some "
+                              "are still refused")

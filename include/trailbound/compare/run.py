@@ -31,6 +31,8 @@ from trailbound.config import Config
 from trailbound.errors import TrailboundError
 from trailbound.metadata import dsn_from_env
 from trailbound.positions import Scn
+from trailbound.replicat import discards
+from trailbound.replicat.checkpoint_table import CheckpointTableName
 from trailbound import keyranges
 
 REPORT_DIR = Path("var/compare")
@@ -106,6 +108,9 @@ class CompareReport:
     tables: list[TableResult]
     note: str | None
     report_file: Path
+    # The replicat's discarded operations not reapplied, per target table compared: a
+    # difference there may be one of them (replicat/discards.py).
+    discarded: dict[str, int] = field(default_factory=dict)
 
     @property
     def out_of_sync(self) -> int:
@@ -125,7 +130,7 @@ class CompareReport:
                 "applied_through": confirming.lsn_text(self.applied), "applied_through_scn": self.applied.value,
                 "confirm_rounds": self.rounds, "rows_compared": self.rows_compared,
                 "out_of_sync": self.out_of_sync, "in_flight": self.in_flight, "note": self.note,
-                "tables": [{**t.figures(),
+                "tables": [{**t.figures(), "discards_outstanding": self.discarded.get(t.spec.target, 0),
                             "rows": [_row_json(t.spec, d, d.kind()) for d in t.out_of_sync]
                             + [_row_json(t.spec, d, "in_flight") for d in t.in_flight]} for t in self.tables]}
 
@@ -157,6 +162,11 @@ class CompareReport:
                 lines.append(f"    {label:<18} {key}{times}{what}")
             if len(shown) > rows_shown:
                 lines.append(f"    ... {len(shown) - rows_shown} more in {self.report_file}")
+        for t in self.tables:
+            if self.discarded.get(t.spec.target):
+                lines += ["", f"  {self.discarded[t.spec.target]} discarded operation(s) outstanding on {t.spec.target}: "
+                              f"replicat {self.replicat} set them aside (REPERROR); differences there may be them "
+                              f"(`trailbound discards {self.replicat} --table {t.spec.target}`, then --reapply)"]
         if self.note:
             lines += ["", f"  NOTE {self.note}"]
         lines += ["", f"  Report: {self.report_file} (and {self.report_file.with_suffix('.txt').name})"]
@@ -262,6 +272,14 @@ def _write_files(report: CompareReport) -> None:
         partial.replace(target)
 
 
+def outstanding_discards(config: Config, group: str, target_connection, targets: set[str]) -> dict[str, int]:
+    """The replicat's discarded operations not reapplied, per target table among `targets`."""
+    name = CheckpointTableName.parse(config.replicat(group).checkpointtable)
+    with target_connection.cursor() as cur:
+        found = discards.outstanding(cur, name, group)
+    return {table: n for table, n in found.items() if table in targets}
+
+
 def resolve(config: Config, source: str, replicat: str) -> tuple[str, str]:
     """(source, replicat) as configured; refused unless the replicat applies that source
     and the source is a live PostgreSQL one."""
@@ -314,6 +332,7 @@ def compare(spark, store, config: Config, source: str, replicat: str, *, pattern
             found, by_name, source_connection, target_connection,
             lambda: confirming.applied_through(store, config, group, target_connection),
             wait_seconds=wait_seconds, catch_up=catch_up)
+        discarded = outstanding_discards(config, group, target_connection, {spec.target for spec in specs})
     finally:
         source_connection.close()
         target_connection.close()
@@ -330,7 +349,7 @@ def compare(spark, store, config: Config, source: str, replicat: str, *, pattern
     directory = report_dir or config.path(REPORT_DIR)
     report = CompareReport(run_id, source, group, pattern, started, datetime.now(UTC), outcome.applied,
                            outcome.rounds, tables, outcome.note,
-                           Path(directory) / f"compare_{source.lower()}_{group.lower()}_{run_id:06d}.json")
+                           Path(directory) / f"compare_{source.lower()}_{group.lower()}_{run_id:06d}.json", discarded)
     _save(store, report)
     _write_files(report)
     return report

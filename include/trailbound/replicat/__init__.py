@@ -9,7 +9,10 @@ replay, `parallel.py` insert-only groups on several sessions, `copychain.py` a s
 group as one query); `windows.py` a watermark load's windows, applied in the trail's
 commit order; `loadinfo.py` a load's progress read back (INFO REPLICAT);
 `ddl.py` a source table's new version on the target (added columns, widened types,
-new tables, or a stop before the first row); `checkpoint_table.py` the target's
+new tables, or a stop before the first row); `reperror.py` REPERROR, what a refused
+operation does (abend, discard, ignore, retryop, transabend, transdiscard);
+`discards.py` the discard table in the target and each run's discard file; `reapply.py`
+discarded operations applied again; `checkpoint_table.py` the target's
 checkpoint table; `checkpoints.py` the metadata
 store's side; `alter.py` ALTER REPLICAT; `target.py` the target's catalog and table
 mapping; `info.py` INFO REPLICAT; `expected.py` what a replica should hold. See

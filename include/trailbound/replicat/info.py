@@ -11,6 +11,7 @@ from trailbound.ggsci import header, lag, times_note, timestamp, utc
 from trailbound.metadata import MetadataStore
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
+from trailbound.replicat import discards as dsc
 from trailbound.replicat.loadinfo import load_in_progress
 from trailbound.replicat import target as tgt
 from trailbound import files as trailfs
@@ -21,18 +22,19 @@ _TIMES = times_note("the Log Read Checkpoint and Audit TS (the source commit tim
                     "transaction)", "Last Started, Timestamp, Last update, created and the run history")
 
 def _checkpoint_row(config: Config, table: str, group: str, target_dsn: str | None):
-    """(row or None, a note when it cannot be read)."""
+    """(row or None, a note when it cannot be read, the group's outstanding discards per
+    target table)."""
     try:
         connection = tgt.connect(config, target_dsn)
     except TrailboundError as exc:
-        return None, f"target not reachable: {exc}"
+        return None, f"target not reachable: {exc}", {}
     try:
         with connection.cursor() as cur:
             name = ckt.CheckpointTableName.parse(table)
             if not ckt.exists(cur, name):
-                return None, f"checkpoint table {name} does not exist in the target"
+                return None, f"checkpoint table {name} does not exist in the target", {}
             row = ckt.read(cur, name, group)
-            return row, None if row else f"no row for {group} in {name} yet"
+            return row, None if row else f"no row for {group} in {name} yet", dsc.outstanding(cur, name, group)
     finally:
         connection.close()
 
@@ -45,7 +47,7 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
         runs = ckpt.history(cur, name, showch) if showch else []
     if state is None:
         raise TrailboundError(f"replicat {name} is not added (its first run or `alter replicat` adds it)")
-    row, note = _checkpoint_row(config, state.checkpoint_table, name, target_dsn)
+    row, note, discarded = _checkpoint_row(config, state.checkpoint_table, name, target_dsn)
     current = ckpt.Checkpoint(row.position, row.log_csn, row.log_bsn, row.audit_ts) if row else state.checkpoint
     lines = [header("replicat", name, state.last_started, run_state(store, "replicat", name))]
     if current.audit_ts is not None:
@@ -58,6 +60,10 @@ def describe_replicat(store: MetadataStore, config: Config, group: str, *, showc
     lines.append(f"                     {timestamp(current.audit_ts)}  RBA {current.position.rba}")
     lines.append(f"Last applied CSN     {current.log_csn or 'none'}"
                  + (f"  (checkpoint table {state.checkpoint_table})" if row else f"  ({note})"))
+    if discarded:
+        table = dsc.name_of(ckt.CheckpointTableName.parse(state.checkpoint_table))
+        lines.append(f"Discards             {sum(discarded.values())} outstanding in {table} ("
+                     + ", ".join(f"{t}: {n}" for t, n in discarded.items()) + f"; `trailbound discards {name}`)")
     lines += load_in_progress(store, name)
     if showch is None:
         return "\n".join(lines + ["", _TIMES])

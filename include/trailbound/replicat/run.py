@@ -27,12 +27,17 @@
    trail order (apply/parallel.py).
    A group the fast path cannot apply is rolled back and replayed transaction by
    transaction (each its own target transaction with its checkpoint row); the record the
-   target refuses stops the run, named by trail file, rba, CSN, table and key.
+   target refuses stops the run, named by trail file, rba, CSN, table and key, unless the
+   REPERROR rules say otherwise (replicat/reperror.py): a discarded record goes to the
+   discard table in the same target transaction (replicat/discards.py), and to the run's
+   discard file after the commit.
 
 Crash points (TRAILBOUND_CRASH_AT): mid_copy, before_target_commit, after_target_commit,
 between_groups, between_pieces (a long transaction's target transaction open between two
-of its pieces). Whatever dies where, the next run reads the checkpoint table and skips
-what it holds: nothing is applied twice and nothing is lost.
+of its pieces), discard_before_commit (a discard row written, not committed),
+discard_after_commit (committed, not yet in the discard file). Whatever dies where, the
+next run reads the checkpoint table and skips what it holds: nothing is applied (or
+discarded) twice and nothing is lost.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.replicat import checkpoint_table as ckt
 from trailbound.replicat import checkpoints as ckpt
 from trailbound.replicat import ddl
+from trailbound.replicat import discards as dsc
+from trailbound.replicat import reperror
 from trailbound.replicat import target as tgt
 from trailbound.replicat.apply import DATA_ERRORS, ApplyError, Collision, NeedsReplay
 from trailbound.replicat.apply.parallel import ParallelApply, lane_connection
@@ -79,7 +86,8 @@ from trailbound.trail import catalog
 from trailbound.trail import format as trails
 
 log = logging.getLogger("trailbound.replicat")
-CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups", "between_pieces")
+CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups", "between_pieces",
+                "discard_before_commit", "discard_after_commit")
 # Chunks prepared ahead of the one being applied: two while they are small (the first
 # ones apply faster than the next row group decodes), one from a chunk of half the most
 # on (it takes longer to apply than the next to prepare; a third would only hold memory).
@@ -212,6 +220,11 @@ class RunResult:
     replayed_groups: int = 0
     parallel_groups: int = 0    # applied on a parallel lane (apply/parallel.py)
     collisions: int = 0
+    discarded: int = 0          # operations set aside by REPERROR discard / transdiscard
+    ignored: int = 0            # operations skipped by REPERROR ignore
+    retried: int = 0            # attempts again by REPERROR retryop
+    discard_file: Path | None = None   # this run's discard file (written only if something was discarded)
+    started_at: datetime | None = None
     pieced: int = 0             # transactions longer than chunk_records, applied in pieces
     pieces: int = 0
     ddl: list[str] = field(default_factory=list)   # what a source table's new version changed on the target
@@ -234,6 +247,12 @@ class RunResult:
             text += f"; {self.replayed_groups} group(s) replayed transaction by transaction"
         if self.collisions:
             text += f"; {self.collisions} collision(s) handled (HANDLECOLLISIONS)"
+        if self.discarded:
+            text += f"; {self.discarded} operation(s) discarded (REPERROR; see {self.discard_file})"
+        if self.ignored:
+            text += f"; {self.ignored} operation(s) ignored (REPERROR)"
+        if self.retried:
+            text += f"; {self.retried} operation attempt(s) retried (REPERROR retryop)"
         if self.pieced:
             text += (f"; {self.pieced} transaction(s) longer than chunk_records applied in {self.pieces} pieces, "
                      "each transaction in one target transaction")
@@ -269,6 +288,8 @@ class _Run:
         self.overflow = overflow  # whether the checkpoint row's _lox rows may exist
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
+        self.reperror = reperror.Policy(replicat.reperror)
+        self.pieced_discards = False  # the open long transaction's pieces set records aside
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
         self.images = DeferredImages()  # the trail's after images, decoded when a chunk needs them
         # Each file's SHA-256, checked beside its decoding: verified before anything
@@ -453,6 +474,10 @@ class _Run:
             return
         except psycopg2.Error as exc:  # not the data: the target itself (a missing grant, a lost connection)
             self._rollback_quietly()
+            if not self.connection.closed and self.reperror.may_handle(exc):
+                # An error a REPERROR rule acts on (a deadlock, a lock wait): record by record.
+                self.replay_group(chunk, group, reason=exc)
+                return
             self.flush()
             raise self.target_error(chunk, group, exc) from None
         except BaseException:
@@ -486,6 +511,11 @@ class _Run:
                 except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
                     cur.execute("ROLLBACK TO SAVEPOINT tb_piece")
                     self.replay_piece(cur, chunk, reason=exc)
+                except psycopg2.Error as exc:
+                    if self.connection.closed or not self.reperror.may_handle(exc):
+                        raise
+                    cur.execute("ROLLBACK TO SAVEPOINT tb_piece")  # a REPERROR rule acts on it: record by record
+                    self.replay_piece(cur, chunk, reason=exc)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
                 if not piece.last:
@@ -515,6 +545,10 @@ class _Run:
         self.result.pieced += 1
         self.result.pieces += piece.number + 1
         self.flush()
+        if self.pieced_discards:
+            self.pieced_discards = False
+            crashpoint("discard_after_commit")
+            self.write_discard_file()
 
     def replay_piece(self, cur, chunk: Chunk, reason: Exception) -> None:
         """A piece's records one statement each, inside the open transaction (the pieces
@@ -527,17 +561,21 @@ class _Run:
                     "replayed record by record: %s", self.state.group, chunk.piece.number, chunk.end.seqno,
                     chunk.end.rba, chunk.groups[0].log_csn,
                     str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__)
-        stats, record = ReplayStats(), None
+        stats, counted = ReplayStats(), TableCounts()
         try:
-            for record in chunk.transaction(0):
-                self.replayer.apply(cur, record, stats)
-        except (psycopg2.Error, TrailboundError) as exc:
-            if record is None or self.connection.closed:
-                raise
-            message = " ".join(((exc.pgerror or str(exc)) if isinstance(exc, psycopg2.Error) else str(exc)).split())
-            raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
-                             record["op"], record["table"], record_key(self.plans.get(record["table"]), record),
-                             message) from None
+            set_aside = self._apply_records(cur, chunk, chunk.transaction(0), stats, counted)
+        except reperror.Stop as stop:
+            raise self._refused(chunk, stop.failure) from None
+        except reperror.DiscardTransaction as whole:
+            raise TrailboundError(
+                f"REPERROR transdiscard for a transaction longer than chunk_records ({self.chunk_records} records): "
+                f"its first pieces are no longer in memory to be set aside; {self._refused(chunk, whole.failure)}; "
+                f"nothing of the transaction was applied. Set replicat's chunk_records above the transaction's size "
+                f"for this run, or make the target accept it") from None
+        if set_aside:  # in the transaction's one target transaction, with its last piece's checkpoint row
+            cur.execute(dsc.insert_statement(cur, self.table_name, self.state.group, set_aside))
+            self.pieced_discards = True
+        self.result.counts.merge(counted)
         self.result.collisions += stats.collisions
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
 
@@ -599,42 +637,47 @@ class _Run:
         for txn in group.txns:
             records = chunk.transaction(txn)
             stats = ReplayStats()
-            collided = TableCounts()   # its operations are counted with the chunk's (apply_chunk)
-            record = None
+            counted = TableCounts()   # collisions, discards; its operations are counted with the chunk's (apply_chunk)
+            set_aside: list[dict] = []
             try:
                 with self.connection.cursor() as cur:
                     self._versions_first(cur)
-                    for record in records:
-                        collisions = stats.collisions
-                        self.replayer.apply(cur, record, stats)
-                        if stats.collisions > collisions:
-                            collided.add(record["table"], "collisions", stats.collisions - collisions)
+                    set_aside = self._apply_records(cur, chunk, records, stats, counted)
                     last = records[-1]
                     end = TrailPosition(last["seqno"], last["rba"] + 1)
                     csn = Csn.from_row(records[0])
                     bsn = Scn(last["log_bsn"])
                     self.windows.apply(cur, chunk, [txn])
+                    if set_aside:
+                        self.verified(end)  # the positions it names are the committed files'
+                        cur.execute(dsc.insert_statement(cur, self.table_name, self.state.group, set_aside))
+                        crashpoint("discard_before_commit")
                     self._write_checkpoint_row(cur, end, log_csn=csn, log_xid=records[0]["xid"],
                                                cmplt_xids=[records[0]["xid"]], audit_ts=records[0]["commit_ts"],
                                                log_bsn=bsn)
                     crashpoint("before_target_commit")
                 self.connection.commit()
                 self._versions_committed()
-            except (psycopg2.Error, TrailboundError) as exc:
-                lost = self.connection.closed  # the target went away: not this record's fault
+            except reperror.Stop as stop:
                 self._rollback_quietly()
-                if record is None:
-                    raise
                 self.flush()  # what did commit is recorded before the run stops
-                message = (exc.pgerror or str(exc)) if isinstance(exc, psycopg2.Error) else str(exc)
-                message = " ".join(message.split())  # libpq's messages span lines; the CLI prints one
+                raise self._refused(chunk, stop.failure) from None
+            except (psycopg2.Error, TrailboundError) as exc:
+                # Not one record's: a table version that cannot be made, a file that is not
+                # the committed one (raised as they are), a target that went away, or a
+                # refusal at COMMIT (a deferred constraint: named by the transaction's
+                # last record; no REPERROR rule can set one operation aside there).
+                lost = self.connection.closed
+                self._rollback_quietly()
+                self.flush()
+                if isinstance(exc, TrailboundError):
+                    raise
+                message = " ".join((exc.pgerror or str(exc)).split())
                 if lost:
                     raise TrailboundError(f"target error replaying the transaction from "
-                                          f"{chunk.path_of(record['seqno'])} rba {record['rba']} (CSN "
-                                          f"{Csn.from_row(record)}): {message}") from None
-                raise ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
-                                 record["op"], record["table"], record_key(self.plans.get(record["table"]), record),
-                                 message) from None
+                                          f"{chunk.path_of(records[0]['seqno'])} rba {records[0]['rba']} (CSN "
+                                          f"{Csn.from_row(records[0])}): {message}") from None
+                raise self._refused(chunk, reperror.Failure(records[-1], exc, reperror.ABEND)) from None
             except BaseException:
                 self._rollback_quietly()
                 raise
@@ -643,10 +686,96 @@ class _Run:
             self.result.transactions += 1
             self.result.operations += len(records)  # every trail record, as a group applied whole counts them
             self.result.collisions += stats.collisions
-            self.result.counts.merge(collided)
+            self.result.counts.merge(counted)
+            if set_aside:
+                crashpoint("discard_after_commit")
+                self.write_discard_file()
         self.result.groups += len(group.txns)
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
         crashpoint("between_groups")
+
+    def _apply_records(self, cur, chunk: Chunk, records: list[dict], stats: ReplayStats,
+                       counted: TableCounts) -> list[dict]:
+        """A transaction's records one statement each, inside its target transaction.
+        Without REPERROR rules the first the target refuses is raised as it is (the
+        caller names it); with them each runs under a savepoint and the rules act
+        (replicat/reperror.py). Returns the discard table's rows for what was set aside
+        (to be written in this same target transaction); `counted` gets the collisions,
+        discards and the operations not applied."""
+        def apply(cur, record: dict) -> None:
+            collisions = stats.collisions
+            self.replayer.apply(cur, record, stats)
+            if stats.collisions > collisions:
+                counted.add(record["table"], "collisions", stats.collisions - collisions)
+
+        if not self.reperror.active:
+            for record in records:
+                try:
+                    apply(cur, record)
+                except (psycopg2.Error, TrailboundError) as exc:
+                    if self.connection.closed:
+                        raise
+                    raise reperror.Stop(reperror.Failure(record, exc, reperror.ABEND)) from None
+            return []
+        cur.execute("SAVEPOINT tb_transaction")
+        try:
+            outcome = reperror.apply_transaction(cur, records, apply, self.reperror,
+                                                 alive=lambda: not self.connection.closed)
+        except reperror.DiscardTransaction as whole:
+            # Back to the transaction's start: every mapped record of it is set aside.
+            cur.execute("ROLLBACK TO SAVEPOINT tb_transaction")
+            counted.tables.clear()
+            stats.collisions = 0
+            refused = whole.failure
+            others = f"discarded with its transaction: {refused.record['op']} at rba {refused.record['rba']} " \
+                     f"refused: {refused.message}"
+            discarded = [reperror.Failure(r, refused.error, refused.action) for r in records
+                         if self.plans.get(r["table"]) is not None]
+            rows = [self._discard_row(chunk, f, message=None if f.record is refused.record else others)
+                    for f in discarded]
+            ignored = []
+            log.warning("replicat %s: REPERROR transdiscard: transaction %r (CSN %s, %d operation(s)) discarded: %s "
+                        "on %s refused (SQLSTATE %s): %s", self.state.group, records[0]["xid"],
+                        Csn.from_row(records[0]), len(rows), refused.record["op"], refused.record["table"],
+                        refused.sqlstate, refused.message)
+        else:
+            discarded, ignored = outcome.discarded, outcome.ignored
+            rows = [self._discard_row(chunk, f) for f in discarded]
+            self.result.retried += outcome.retries
+            for failure in discarded:
+                log.warning("replicat %s: REPERROR discard: %s on %s at %s rba %s (SQLSTATE %s): %s", self.state.group,
+                            failure.record["op"], failure.record["table"], chunk.path_of(failure.record["seqno"]),
+                            failure.record["rba"], failure.sqlstate, failure.message)
+        for failure in [*discarded, *ignored]:
+            counted.add_op(failure.record["table"], failure.record["op"], -1)
+        for failure in discarded:
+            counted.add(failure.record["table"], "discards")
+        self.result.discarded += len(discarded)
+        self.result.ignored += len(ignored)
+        return rows
+
+    def _discard_row(self, chunk: Chunk, failure: reperror.Failure, *, message: str | None = None) -> dict:
+        plan = self.plans.get(failure.record["table"])
+        return {**failure.record, "trail_file": chunk.path_of(failure.record["seqno"]),
+                "target_table": plan.target if plan else None, "action": failure.action.name,
+                "sqlstate": failure.sqlstate, "message": message or failure.message}
+
+    def _refused(self, chunk: Chunk, failure: reperror.Failure) -> ApplyError:
+        """The error that stops the run at a record the target refuses."""
+        record, message = failure.record, failure.message
+        if failure.action.name == "retryop":
+            message = f"still refused after {failure.action.retries} retries (REPERROR retryop): {message}"
+        elif failure.action.name == "transabend":
+            message = f"REPERROR transabend, its transaction rolled back: {message}"
+        return ApplyError(chunk.path_of(record["seqno"]), record["rba"], Csn.from_row(record), record["xid"],
+                          record["op"], record["table"], record_key(self.plans.get(record["table"]), record), message)
+
+    def write_discard_file(self) -> None:
+        """The discards committed and not yet in a file, to this run's discard file (after
+        the commit: the discard table is the record, the file a view of it)."""
+        if self.result.discard_file is not None:
+            dsc.write_file(self.connection, self.table_name, self.state.group, self.result.discard_file,
+                           self.result.started_at)
 
     def _write_checkpoint_row(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
                               audit_ts: datetime, log_bsn: Scn) -> None:
@@ -748,13 +877,18 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             table_name = ckt.CheckpointTableName.parse(state.checkpoint_table)
             with connection.cursor() as cur:
                 ckt.create(cur, table_name)
+                dsc.create(cur, table_name)
                 row = ckt.read(cur, table_name, name)
                 overflow = ckt.overflow_exists(cur, table_name, name)
                 checkpoint, started_from = starting_checkpoint(state, row)
                 versions = ddl.start(cur, load_defs(config.archive_dir(replicat.source)), replicat.map, replicat.ddl,
                                      checkpoint.log_csn.scn if checkpoint.log_csn else None)
             connection.commit()
-            result = RunResult(name, started_from, checkpoint.position, checkpoint.position, checkpoint.log_csn)
+            result = RunResult(name, started_from, checkpoint.position, checkpoint.position, checkpoint.log_csn,
+                               started_at=started_at,
+                               discard_file=dsc.file_path(config.path(replicat.discarddir), name, started_at))
+            # Discards an earlier run committed and was killed before it wrote to its file.
+            dsc.write_file(connection, table_name, name, result.discard_file, started_at)
             with store.transaction() as cur:
                 if checkpoint != state.checkpoint:
                     ckpt.save(cur, state, checkpoint)  # repaired from the checkpoint table

@@ -55,6 +55,13 @@ class NeedsReplay(Exception):
     too long to resolve): apply it record by record."""
 
 
+class MissingRow(TrailboundError):
+    """A replayed UPDATE or DELETE found no row with its key on the target. Its SQLSTATE,
+    for REPERROR rules (replicat/reperror.py), is SQL's "no data"."""
+
+    pgcode = "02000"
+
+
 class ApplyError(TrailboundError):
     """A trail record the target refuses. Names the trail file, rba, CSN, table and key."""
 

@@ -276,7 +276,9 @@ class ParallelApply:
 
     def _after_failure(self, chunk: Chunk, group: Group, error: BaseException | None) -> None:
         """The oldest group in flight did not commit: replay it, apply it alone, or stop."""
-        if isinstance(error, (*DATA_ERRORS, Collision, NeedsReplay)):
+        if isinstance(error, (*DATA_ERRORS, Collision, NeedsReplay)) or (
+                isinstance(error, psycopg2.Error) and not isinstance(error, APPLY_ALONE)
+                and self.run.reperror.may_handle(error)):  # a REPERROR rule acts on it, record by record
             self.run.replay_group(chunk, group, reason=error)
         elif isinstance(error, psycopg2.Error) and not isinstance(error, APPLY_ALONE):
             self.run.flush()

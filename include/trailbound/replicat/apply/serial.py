@@ -36,7 +36,7 @@ from psycopg2 import sql
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.replicat.apply import Collision
+from trailbound.replicat.apply import Collision, MissingRow
 from trailbound.replicat.target import TablePlan
 
 log = logging.getLogger("trailbound.replicat")
@@ -437,8 +437,8 @@ class Replayer:
             raise TrailboundError(f"unknown operation {op!r}")
         if cur.rowcount == 0:
             if not self.handlecollisions:
-                raise TrailboundError(f"no row with this key in {plan.target} to {op.lower()} (the target is out of "
-                                      "step with the source: HANDLECOLLISIONS skips such records)")
+                raise MissingRow(f"no row with this key in {plan.target} to {op.lower()} (the target is out of "
+                                 "step with the source: HANDLECOLLISIONS skips such records)")
             stats.collisions += 1
             log.warning("HANDLECOLLISIONS: %s key %s is missing: %s skipped", plan.target, _key_of(plan, before),
                         op.lower())
