@@ -3,6 +3,8 @@ numbered by its src_scn, which type changes replicat counts as widening."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 
@@ -66,3 +68,100 @@ def test_each_record_is_numbered_by_its_src_scn_and_older_ones_lose_their_copy_l
 ])
 def test_what_counts_as_widening(old, new, wider):
     assert widens(old, new) is wider
+
+
+# ---------------------------------------------------------------- the simulator's schema changes
+
+@pytest.fixture(scope="module")
+def changing(tmp_path_factory):
+    """A small simulated archive with every kind of schema change (add, widen, create,
+    drop: shop.customers gets three versions), read raw."""
+    from test_simulator import read_archive
+
+    from trailbound.sources.simulator import simulate
+
+    directory = tmp_path_factory.mktemp("changing")
+    summary = simulate(directory / "archive", directory / "truth.json", records=6_000, hours=12, seed=3,
+                       schema_changes="all")
+    return (summary, read_archive(directory / "archive"), load_defs(directory / "archive"),
+            json.loads((directory / "truth.json").read_text("utf-8")))
+
+
+def test_the_simulator_records_each_schema_change_as_a_version_as_the_live_miner_does(changing):
+    summary, archive, defs, _ = changing
+    assert summary.features["schema_changes"] == 4
+    customers, timesheets, reviews = defs["shop.customers"], defs["hr.timesheets"], defs["shop.reviews"]
+    assert [v.names[-1] for v in customers.versions] == ["notes", "loyalty_tier", "loyalty_tier"]
+    assert "notes" not in customers.latest.names and customers.latest.columns[-1].default == "standard"
+    assert [c.type for c in timesheets.versions[1].columns if c.name == "emp_id"] == ["bigint"]
+    assert len(reviews.versions) == 1 and reviews.versions[0].scn > 0  # appeared mid-archive
+    assert list(defs)[-1] == "shop.reviews" and len(defs["shop.orders"].versions) == 1
+    # Every record's image holds exactly the columns of the version its scn falls in
+    # (an UPDATE's images: some of them), so a reader numbering records by scn is right.
+    seen = set()
+    for record in archive.records:
+        if record["op"] not in ("INSERT", "UPDATE", "DELETE"):
+            continue
+        version = defs[record["table"]].version_at(record["scn"])
+        seen.add((record["table"], version.version))
+        assert record["table"] != "shop.reviews" or record["scn"] >= version.scn
+        for image in (record["before"], record["after"]):
+            if image is not None:
+                names = set(json.loads(image))
+                assert names <= set(version.names), (record, version.version)
+                if record["op"] == "INSERT":
+                    assert names == set(version.names)
+    assert {("shop.customers", 1), ("shop.customers", 2), ("shop.customers", 3), ("hr.timesheets", 2),
+            ("shop.reviews", 1)} <= seen
+
+
+def test_each_alter_writes_two_versions_of_its_table_in_one_transaction(changing):
+    _, archive, defs, _ = changing
+    from test_simulator import transactions
+
+    changed = {(name, v.scn) for name, table in defs.items() for v in table.versions[1:]}
+    both = 0
+    for txn in transactions(archive).values():
+        versions = {(r["table"], defs[r["table"]].version_at(r["scn"]).version)
+                    for r in txn.records if r["op"] == "INSERT"}
+        tables = {table for table, _ in versions}
+        if any(len([v for t, v in versions if t == table]) > 1 for table in tables):
+            assert txn.committed
+            both += 1
+    assert both == len(changed) == 3
+
+
+def test_a_replay_under_each_records_version_reaches_the_truth(changing):
+    """The truth is the source's final state: an added column's DEFAULT in the rows that
+    existed before it (the changing transaction's own older row among them), a dropped
+    column gone, the new table there."""
+    from replay_kit import apply_change, canonical
+    from test_simulator import contract_order, transactions
+
+    _, archive, defs, truth = changing
+    keys = {name: list(table.key) for name, table in defs.items()}
+    state: dict[str, dict] = {name: {} for name in defs}
+    committed = sorted((t for t in transactions(archive).values() if t.committed), key=lambda t: contract_order(t.end))
+    for txn in committed:
+        for change in txn.surviving_changes():
+            version = defs[change["table"]].version_at(change["scn"])
+            apply_change(state, keys, {change["table"]: list(version.names)}, change)
+    for name, table in defs.items():
+        defaults = {c.name: c.default for v in table.versions for c in v.columns}
+        rows = [{c: row.get(c, defaults.get(c)) for c in table.latest.names} for row in state[name].values()]
+        assert truth["tables"][name]["columns"] == list(table.latest.names)
+        assert canonical(rows) == canonical(truth["tables"][name]["rows"]), name
+    loyalty = [row["loyalty_tier"] for row in truth["tables"]["shop.customers"]["rows"]]
+    assert "standard" in loyalty and "gold" in loyalty
+
+
+def test_without_schema_changes_the_archive_is_what_it_always_was(tmp_path):
+    from trailbound.sources.simulator import simulate
+
+    plain = simulate(tmp_path / "a" / "archive", tmp_path / "a" / "truth.json", records=800, hours=2, seed=4)
+    none = simulate(tmp_path / "b" / "archive", tmp_path / "b" / "truth.json", records=800, hours=2, seed=4,
+                    schema_changes="none")
+    assert "schema_changes" not in plain.features
+    for file in sorted((tmp_path / "a" / "archive").iterdir()):
+        assert file.read_bytes() == (tmp_path / "b" / "archive" / file.name).read_bytes()
+    assert all(len(t.versions) == 1 for t in load_defs(tmp_path / "a" / "archive").values())
