@@ -334,6 +334,7 @@ class _Run:
             if part is None:
                 return
             part = arrow.trusted_lines(part, self.plans)
+            decode = ddl.older_images_fitted(part, decode, self.versions)
             self.images.add(file.seqno, part, decode, now=arrow.needs_images(part, self.plans))
             yield part
 

@@ -265,12 +265,12 @@ class Simulator:
         """The table's definition now, as a new version from the next scn: above every
         record written so far (the old version's), at or below the first of the new.
         defs.json is rewritten before any segment holding such a record is closed."""
-        scn = self.scn + 1
+        scn, time = self.scn + 1, from_micros(self.now_us()).isoformat()
         now = _definition(table)
         before = self.defs.get(table.name)
-        self.defs[table.name] = (before.with_version(now.columns, now.key, scn) if before is not None else
+        self.defs[table.name] = (before.with_version(now.columns, now.key, scn, time) if before is not None else
                                  TableDef(table.name, now.columns, now.key,
-                                          (TableVersion(1, scn, now.columns, now.key),)))
+                                          (TableVersion(1, scn, now.columns, now.key, time),)))
         write_defs(self.archive, [definition.as_json() for definition in self.defs.values()])
 
     def _set_accepting(self, thread: RedoThread, accepting: bool) -> None:
