@@ -172,6 +172,7 @@ def test_without_schema_changes_the_archive_is_what_it_always_was(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.pg
+@pytest.mark.long_running(120)
 def test_a_simulated_archive_with_schema_changes_reaches_its_truth_on_the_target(tmp_path, spark, store, target_dsn,
                                                                                capsys, monkeypatch):
     """The demo's pieces on an archive with every kind of change: `target create` makes
@@ -211,6 +212,33 @@ def test_a_simulated_archive_with_schema_changes_reaches_its_truth_on_the_target
         assert cur.fetchone() == ("bigint",)
     connection.close()
     assert standard and gold and notes  # the old rows' DEFAULT, new values, the kept column's old values
+    # INFO: each changed table's current version, since which scn and log time.
+    defs = load_defs(tmp_path / "archive")
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    capsys.readouterr()
+    assert cli.main(["--config", str(config_path), "info", "source"]) == 0
+    assert cli.main(["--config", str(config_path), "info", "extract", "EXT1"]) == 0
+    shown = capsys.readouterr().out
+    customers = defs["shop.customers"].latest
+    assert f"Table shop.customers: version 3 since scn {customers.scn} ({customers.time})" in shown
+    assert "Table Versions       Table shop.customers: version 3 since scn" in shown
+    assert "                     Table hr.timesheets: version 2 since scn" in shown
+    assert "Table shop.reviews: version 1 since scn" in shown and "shop.orders" not in shown
+    # The replica check's other expected state, the fold of the trail (used before the
+    # truth is complete): a row inserted under an earlier version holds the columns
+    # added since at their DEFAULT, so every row is judged whole, and as the truth has it.
+    from trailbound.positions import TrailPosition
+    from trailbound.replicat import expected
+    from trailbound.trail import format as trail
+
+    files = [(int(path.name[-9:]), str(path)) for path in sorted(trail.existing_files(tmp_path / "dirdat" / "lt"))]
+    folded = expected.from_trail(files, TrailPosition(files[-1][0] + 1, 0), load_defs(tmp_path / "archive"))
+    customers = folded["shop.customers"]
+    truth = json.loads((tmp_path / "truth.json").read_text())["tables"]["shop.customers"]
+    by_id = {row["id"]: row for row in truth["rows"]}
+    assert len(customers.rows) == len(customers.present) >= 10
+    assert all(by_id[row["id"]] == {c: row[c] for c in truth["columns"]} for row in customers.rows
+               if row["id"] in by_id)
 
 
 def test_an_older_versions_insert_under_a_newer_plan_gets_the_added_columns_default():

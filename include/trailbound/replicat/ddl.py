@@ -324,7 +324,7 @@ def first_change(records: pa.Table, versions: Versions) -> int | None:
     `table_version`) of a mapped table of a later version than the one planned; None.
     (An earlier version's record can follow only inside the transaction that changed the
     table, the source's locks see to that: it is applied under the later version, its
-    image naming its own columns.)"""
+    image fitted to it by `older_images_fitted`.)"""
     if not len(records):
         return None
     names = records.column("table").combine_chunks().dictionary_encode()
