@@ -186,7 +186,7 @@ def test_a_simulated_archive_with_schema_changes_reaches_its_truth_on_the_target
     from trailbound import cli
     from trailbound import config as configuration
     from trailbound.capture.run import run_extract
-    from trailbound.quality import validate_replica
+    from trailbound.quality import validate_new_trail, validate_replica
     from trailbound.replicat.run import run_replicat
     from trailbound.sources.simulator import simulate
 
@@ -199,6 +199,8 @@ def test_a_simulated_archive_with_schema_changes_reaches_its_truth_on_the_target
     assert cli.main(["--config", str(config_path), "target", "create"]) == 0
     assert "shop.reviews" in capsys.readouterr().out
     run_extract(spark, store, config, "EXT1")
+    trail_check = validate_new_trail(store, "EXT1", "SRC", 0)  # the demo's capture DAG's Great Expectations
+    assert trail_check.report.success and trail_check.files, trail_check.report.describe()
     result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
     assert result.ddl == []  # the target was made from the latest versions: nothing left to alter
     checked = validate_replica(config, store, "REP1", target_dsn=target_dsn)
