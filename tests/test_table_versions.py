@@ -291,3 +291,15 @@ def test_refreshing_defs_keeps_every_version_and_adds_one_only_for_a_table_that_
     assert [(v.version, v.scn) for v in merged["shop.items"].versions] == [(1, 0), (2, 900)]
     assert merged["shop.orders"] == orders and merged["shop.orders"].latest.columns[-1].default == "yes"
     assert [(v.version, v.scn) for v in merged["shop.new"].versions] == [(1, 0)]
+
+
+def test_a_schema_change_the_simulator_cannot_write_is_refused(tmp_path):
+    from trailbound.sources.simulator import SchemaChange, simulate
+
+    for change in (SchemaChange(0.5, "drop_column", "shop.customers", "nope"),
+                   SchemaChange(0.5, "add_column", "shop.customers", "notes", "text"),
+                   SchemaChange(0.5, "create_table", "shop.orders")):
+        with pytest.raises(ValueError, match="SchemaChange|simulator|no such"):
+            simulate(tmp_path / "archive", tmp_path / "truth.json", records=100, hours=1, schema_changes=(change,))
+    with pytest.raises(ValueError, match="one of"):
+        simulate(tmp_path / "archive", tmp_path / "truth.json", records=100, hours=1, schema_changes="most")

@@ -118,6 +118,13 @@ class Simulator:
         # defs.json as it is written: each table's versions (a schema change adds one)
         self.defs = {table.name: _definition(table) for table in self.tables}
         self.schema_changes = tuple(schema_changes)
+        for change in self.schema_changes:  # what the workload knows how to write to
+            known = self.table.get(change.table)
+            if change.kind == "create_table" and (known is not None or change.table != review_table().name):
+                raise ValueError(f"{change.describe()}: the simulator creates only {review_table().name}, once")
+            if change.kind != "create_table" and (known is None or (change.kind != "add_column") !=
+                                                  (change.column in known.column_names)):
+                raise ValueError(f"{change.describe()}: no such table, or the column is (not) there already")
 
         self.threads = [
             RedoThread(number, weight=threads - number + 1, first_scn=self.scn + 1,
@@ -242,7 +249,7 @@ class Simulator:
         if self.total - self.count < 4:
             return
         txn = self.new_txn(self.busy_threads[0])
-        if table is None:
+        if change.kind == "create_table":
             table = review_table()
             self.tables.append(table)
             self.table[table.name] = table
