@@ -95,7 +95,8 @@ connect: $(STAMP)
 	$(START_CONNECT)
 
 $(DEMO)/archive/defs.json: | $(STAMP)
-	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48
+	trailbound simulate --archive $(DEMO)/archive --truth $(DEMO)/truth.json --records 200000 --hours 48 \
+	  --schema-changes demo
 
 # The demo's DAG runs: four logical dates 12 hours apart over the simulated 48 hours of
 # log. Each capture run reads everything archived by its data interval's end (as a

@@ -1,5 +1,6 @@
 """Schema changes on a live PostgreSQL source flow through to the target without a stop
-(issue 39): ADD COLUMN with and without a default, DROP COLUMN, ALTER COLUMN TYPE
+(issue 39): ADD COLUMN with and without a default (in the transaction that inserted a
+row before it), DROP COLUMN, ALTER COLUMN TYPE
 bigint, a new table matching `table:`, one change inside a streamed transaction, replicat
 killed before and after the commit that alters the target with its first rows; after
 each round of pull, capture, pump and replicat the target equals the source table by
@@ -92,10 +93,13 @@ def test_schema_changes_flow_through_and_a_narrowing_one_stops(source_dsn, targe
     orders = [("shop", "orders")]
     rounds.round(orders)
 
-    # Round 2: two new columns, one with a default the old rows take; rows that use them.
-    execute(source, "ALTER TABLE shop.orders ADD COLUMN extra int",
+    # Round 2: two new columns, one with a default the old rows take; rows that use them;
+    # all in one transaction with a row inserted before the ALTER (version 1 inside the
+    # transaction that makes version 2: the source gives that row the default too).
+    execute(source, "BEGIN", "INSERT INTO shop.orders VALUES (30, 'n30', 30, 'g30')",
+            "ALTER TABLE shop.orders ADD COLUMN extra int",
             "ALTER TABLE shop.orders ADD COLUMN flag text NOT NULL DEFAULT 'yes'",
-            "INSERT INTO shop.orders VALUES (21, 'n21', 21, 'g21', 7, 'no')",
+            "INSERT INTO shop.orders VALUES (21, 'n21', 21, 'g21', 7, 'no')", "COMMIT",
             "UPDATE shop.orders SET extra = 1 WHERE id = 1")
     capsys.readouterr()
     rounds.pull()
@@ -112,7 +116,7 @@ def test_schema_changes_flow_through_and_a_narrowing_one_stops(source_dsn, targe
         assert ("extra" in _columns(target_dsn, "shop", "orders")) is there
     rounds.round(orders)
     assert _columns(target_dsn, "shop", "orders")[-2:] == ["extra", "flag"]
-    assert query(target_dsn, "SELECT flag FROM shop.orders WHERE id = 2") == [("yes",)]
+    assert query(target_dsn, "SELECT flag FROM shop.orders WHERE id IN (2, 30) ORDER BY id") == [("yes",), ("yes",)]
     defs = load_defs(archive)["shop.orders"]
     assert [v.version for v in defs.versions] == [1, 2] and defs.latest.columns[-1].default == "yes"
 

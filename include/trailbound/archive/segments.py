@@ -388,6 +388,7 @@ class TableVersion:
     scn: int
     columns: tuple[Column, ...]
     key: tuple[str, ...]
+    time: str | None = None   # the log time of its first record (ISO 8601, UTC), when the writer knew it
 
     @property
     def effective_key(self) -> tuple[str, ...]:
@@ -398,8 +399,15 @@ class TableVersion:
         return tuple(column.name for column in self.columns)
 
     def as_json(self) -> dict:
-        return {"version": self.version, "scn": self.scn, "columns": [_column_json(c) for c in self.columns],
-                "key": list(self.key)}
+        document = {"version": self.version, "scn": self.scn, "columns": [_column_json(c) for c in self.columns],
+                    "key": list(self.key)}
+        if self.time is not None:
+            document["time"] = self.time
+        return document
+
+    def since(self) -> str:
+        """Where it holds from, for INFO: `scn N (time)`."""
+        return f"scn {self.scn}" + (f" ({self.time})" if self.time else "")
 
 
 def _column_json(column: Column) -> dict:
@@ -446,8 +454,9 @@ class TableDef:
                 chosen = version
         return chosen
 
-    def with_version(self, columns: tuple[Column, ...], key: tuple[str, ...], scn: int) -> "TableDef":
-        added = TableVersion(self.latest.version + 1, scn, columns, key)
+    def with_version(self, columns: tuple[Column, ...], key: tuple[str, ...], scn: int,
+                     time: str | None = None) -> "TableDef":
+        added = TableVersion(self.latest.version + 1, scn, columns, key, time)
         return TableDef(self.name, columns, key, self.versions + (added,))
 
     def as_json(self) -> dict:
@@ -492,7 +501,8 @@ def load_defs(archive_dir: Path) -> dict[str, TableDef]:
             columns = _columns(path, name, table["columns"])
             key = tuple(table.get("key") or ())
             versions = tuple(TableVersion(int(v["version"]), int(v["scn"]), _columns(path, name, v["columns"]),
-                                          tuple(v.get("key") or ())) for v in table.get("versions") or ())
+                                          tuple(v.get("key") or ()), None if v.get("time") is None else str(v["time"]))
+                             for v in table.get("versions") or ())
         except (KeyError, TypeError, ValueError) as exc:
             raise ArchiveError(path, f"table #{index + 1}: {exc}") from None
         _check_key(path, name, key, columns)
@@ -507,6 +517,13 @@ def load_defs(archive_dir: Path) -> dict[str, TableDef]:
             raise ArchiveError(path, f"table {name!r} is defined twice")
         defs[name] = TableDef(name, columns, key, versions)
     return defs
+
+
+def describe_versions(defs: dict[str, TableDef]) -> list[str]:
+    """For INFO: a line per table whose definition changed, or that entered the archive,
+    while the archive was written: its current version and where it holds from."""
+    return [f"  Table {name}: version {table.latest.version} since {table.latest.since()}"
+            for name, table in defs.items() if len(table.versions) > 1 or table.latest.scn]
 
 
 def versions_of(defs: dict[str, TableDef]) -> dict[str, list[tuple[int, int]]]:

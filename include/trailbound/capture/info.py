@@ -6,11 +6,12 @@ import dataclasses
 from datetime import datetime, timezone
 
 from trailbound.archive.catalog import ArchiveCatalog
+from trailbound.archive.segments import describe_versions, load_defs
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery
 from trailbound.config import Config
-from trailbound.errors import TrailboundError
+from trailbound.errors import ArchiveError, TrailboundError
 from trailbound.ggsci import header, lag, timestamp, times_note, utc
 from trailbound.metadata import MetadataStore
 from trailbound.runlog import run_state
@@ -100,6 +101,18 @@ def describe_bounded_recovery(store: MetadataStore, config: Config, state: ckpt.
     return lines
 
 
+def _table_versions(config: Config, group: str) -> list[str]:
+    """Each source table whose definition changed while the archive was written: its
+    current version and since when (defs.json; an unreadable one is capture's to report)."""
+    try:
+        defs = load_defs(config.archive_dir(config.source_name(config.extract(group).source)))
+    except ArchiveError:
+        return []
+    changed = describe_versions(defs)
+    return ["Table Versions       " + changed[0].strip(), *("                     " + line.strip()
+                                                           for line in changed[1:])] if changed else []
+
+
 def describe_extract(store: MetadataStore, config: Config, group: str, *, showch: int | None = None,
                      br: bool = False) -> str:
     name = config.extract_name(group)
@@ -128,6 +141,7 @@ def describe_extract(store: MetadataStore, config: Config, group: str, *, showch
     waiting = [t for t in state.open if t.skip_reason is None]
     lines.append(f"Open Transactions    {len(waiting)}" + (f" (+{len(state.open) - len(waiting)} skipped)"
                                                            if len(state.open) > len(waiting) else ""))
+    lines += _table_versions(config, name)
     if br:
         lines += describe_bounded_recovery(store, config, state)
     if showch is None:

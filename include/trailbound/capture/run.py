@@ -41,7 +41,7 @@ from trailbound.tables import table_spec
 from trailbound.trail import format as trails
 
 CRASH_POINTS = ("before_trail_write", "mid_trail_write", "after_trail_write", "after_br_persist",
-                "after_checkpoint_commit")
+                "after_checkpoint_commit", "before_new_version_write", "after_new_version_write")
 
 
 def group_lock(store: MetadataStore, group: str) -> GroupLock:
@@ -239,10 +239,17 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     crashpoint("before_trail_write")
     # defs.json read after the segments were cataloged: it holds every version they use
     layouts, versions = _copy_line_layouts(config, extract)
+    # A run whose trail holds the first transactions of a table version (a crash test's
+    # steps around them; a kill anywhere here leaves nothing committed).
+    new_version = _writes_a_new_version(versions, state.write.last_csn, expected)
+    if new_version:
+        crashpoint("before_new_version_write")
     trail = assembly.trail(trailwrite.file_number(expected)) if expected else None
     files, counts = trailwrite.write_files(spark, trail, expected, prefix, state.write.position.seqno + 1,
                                            group=state.group, log_bsn=log_bsn, layouts=layouts, versions=versions)
     watch.lap("write trail files (Spark tasks)")
+    if new_version:
+        crashpoint("after_new_version_write")
     crashpoint("after_trail_write")
 
     # Transactions written: those that reached the trail, i.e. with a record of a captured
@@ -393,6 +400,18 @@ def _bounded_recovery_checkpoint(spark, config, extract, state, log: LogRead, ho
     return {"scn": horizon_scn, "log_time": read_time, "interval_seconds": int(interval.total_seconds()),
             "table_spec": table_spec(extract.table), "oldest_nonpersisted": oldest, "persisted": len(persisted),
             "persisted_bytes": sum(p.file.stat().st_size for p in persisted)}
+
+
+def _writes_a_new_version(versions: dict, last_written: Csn | None, expected: dict) -> bool:
+    """Whether the files planned (`expected`) hold transactions committed at or after the
+    scn of a table version after the first (or of a table that entered the archive late)
+    that the trail written so far (up to `last_written`) did not reach."""
+    if not expected:
+        return False
+    upto = max(plan["last_csn"].scn for plan in expected.values())
+    since = last_written.scn if last_written is not None else -1
+    return any(since < scn <= upto and (number > 1 or scn > 0)
+               for pairs in versions.values() for scn, number in pairs)
 
 
 def _copy_line_layouts(config: Config, extract) -> tuple[dict, dict]:

@@ -16,7 +16,8 @@ def simulate(ctx: Context) -> int:
     truth = args.truth or Path(archive).parent / "truth.json"
     try:
         summary = simulator.simulate(Path(archive), Path(truth), seed=args.seed, records=args.records,
-                                     hours=args.hours, threads=args.threads, fmt=args.format)
+                                     hours=args.hours, threads=args.threads, fmt=args.format,
+                                     schema_changes=args.schema_changes)
     except FileExistsError as exc:
         raise TrailboundError(f"{archive}: already holds an archive ({exc}); simulate writes into an empty "
                               "directory") from None
@@ -35,3 +36,6 @@ def arguments(verbs) -> None:
     sim.add_argument("--hours", type=float, default=48.0, help="log time covered")
     sim.add_argument("--threads", type=int, default=3)
     sim.add_argument("--format", choices=["parquet", "jsonl", "mixed"], default="mixed")
+    sim.add_argument("--schema-changes", choices=["none", "demo", "all"], default="none",
+                     help="ALTER / CREATE TABLE mid-archive, each a table version in defs.json: demo: one ADD "
+                          "COLUMN and one CREATE TABLE; all: also a widened type and a dropped column")

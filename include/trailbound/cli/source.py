@@ -34,9 +34,23 @@ def alter_source(ctx: Context) -> int:
 
 
 def info_source(ctx: Context) -> int:
+    source = ctx.config.source_name(ctx.args.source)
+    if ctx.config.source(source).postgres is None:
+        # an archive written by someone else (the simulator): what defs.json says of its tables
+        from trailbound.archive.segments import describe_versions, load_defs
+
+        archive = ctx.config.archive_dir(source)
+        defs = load_defs(archive)
+        changed = describe_versions(defs)
+        print(f"SOURCE {source}   archive {archive} (written by the simulator or another writer, not pulled)\n"
+              f"  Tables: {len(defs)}" + (f", {len(changed)} of them changed while the archive was written:"
+                                          if changed else ", none changed while the archive was written"))
+        for line in changed:
+            print(line)
+        return 0
     from trailbound.sources.postgres.admin import describe_source
 
-    print(describe_source(ctx.config, ctx.args.source))
+    print(describe_source(ctx.config, source))
     return 0
 
 

@@ -25,11 +25,14 @@ after the change committed finds the target already fitting, and composes nothin
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg2 import sql
 
 from trailbound.archive.segments import Column, TableDef, TableVersion
@@ -93,9 +96,9 @@ class Versions:
 def start(cur, defs: dict[str, TableDef], rules, policy: DdlConfig, log_scn: int | None) -> Versions:
     """The versions a run starts with: each table's version in effect at the checkpoint's
     log CSN (the first one before any), planned against the target as it is. Under
-    `mode: apply` a column of that version the target lacks is added, and a new table
-    (one that appeared in the archive after it began) is created, before the run's first
-    row; otherwise a missing table or column stops the run here, as it always did."""
+    `mode: apply` a new table (one that appeared in the archive after it began) is
+    created before the run's first row; a missing column of that version stops the run
+    here in either mode (only a version change adds a column: `_Change.decide`)."""
     expected = {name: (table.version_at(log_scn) if log_scn is not None else table.versions[0]).version
                 for name, table in defs.items()}
     versions = Versions(defs, tuple(rules), policy, expected)
@@ -181,22 +184,31 @@ class _Change:
             raise self.stop(f"target table {self.shown} does not exist")
         columns = dict(self.columns)
         ident = sql.Identifier(*self.target)
-        if self.before is None:  # the run's start: only what is missing, as a table new to the target would need
+        if self.before is None:
+            # The run's start: the target must already hold the version's columns. One it
+            # lacks came with no version change replicat is following (a DBA dropped it, or
+            # the table was made by hand): adding it back would silently undo the DBA's
+            # change and leave its old rows empty, so the run stops, whatever the mode.
             missing = [c for c in self.version.columns if c.name not in columns]
-            if missing and policy.mode != "apply":
+            if missing:
                 raise TrailboundError(f"target table {self.shown} has no column(s) "
-                                      f"{', '.join(repr(c.name) for c in missing)} of source table {self.table}")
-            for column in missing:
-                self._add(ident, column, columns)
+                                      f"{', '.join(repr(c.name) for c in missing)} of source table {self.table} "
+                                      f"(version {self.version.version}): replicat adds a column only when a source "
+                                      f"version brings it; add it to the target, or map the table elsewhere")
             return columns
         if self.version.key != self.before.key and self.target_key != self.version.effective_key:
             raise self.stop(f"its key changes from ({', '.join(self.before.effective_key)}) to "
                             f"({', '.join(self.version.effective_key)})")
         statements_before = len(versions.pending)
         before_names = self.before.names
+        before_types = {c.name: c.type for c in self.before.columns}
         for position, column in enumerate(self.version.columns):
             have = columns.get(column.name)
             if have is None:
+                if column.name in before_names:  # not new in this version: see the run's start above
+                    raise self.stop(f"target table {self.shown} has no column {column.name!r}, which version "
+                                    f"{self.before.version} already had: replicat adds only the columns a version "
+                                    "change brings")
                 if column.name not in before_names and position < len(before_names) \
                         and before_names[position] not in self.version.names:
                     raise self.stop(f"column {before_names[position]!r} is renamed to {column.name!r} (or dropped "
@@ -204,7 +216,9 @@ class _Change:
                 if not column.nullable and column.default is None:
                     raise self.stop(f"new column {column.name!r} is NOT NULL without a default")
                 self._add(ident, column, columns)
-            elif have[0] != column.type:
+            elif have[0] != column.type and before_types.get(column.name) != column.type:
+                # (a type the source did not change stands as the target spells it:
+                # defs.json may name it by an alias, timestamptz for timestamp with time zone)
                 if not widens(have[0], column.type):
                     raise self.stop(f"column {column.name!r} changes type from {have[0]} to {column.type} "
                                     "(narrowing or incompatible)")
@@ -310,7 +324,7 @@ def first_change(records: pa.Table, versions: Versions) -> int | None:
     `table_version`) of a mapped table of a later version than the one planned; None.
     (An earlier version's record can follow only inside the transaction that changed the
     table, the source's locks see to that: it is applied under the later version, its
-    image naming its own columns.)"""
+    image fitted to it by `older_images_fitted`.)"""
     if not len(records):
         return None
     names = records.column("table").combine_chunks().dictionary_encode()
@@ -326,6 +340,61 @@ def first_change(records: pa.Table, versions: Versions) -> int | None:
         if len(other) and (first is None or int(other[0]) < first):
             first = int(other[0])
     return first
+
+
+def older_images_fitted(part: pa.Table, decode: Callable[[], pa.ChunkedArray],
+                        versions: Versions | None) -> Callable[[], pa.ChunkedArray]:
+    """`decode` (a trail part's after images), each INSERT or UPDATE of an earlier version
+    than the one planned made to fit the plan's version: a column that version dropped
+    left out, and (an INSERT) a column added since with a DEFAULT given that default.
+
+    Such a record is inside the transaction that changed its table (an INSERT, then ALTER
+    TABLE ... ADD COLUMN ... DEFAULT, then more): PostgreSQL gives the row already there
+    the default, but its image, written before the column existed, does not name it, and
+    the plan's COPY line would write NULL; a dropped column it names is not the plan's.
+    Its copy_line was dropped by capture (an older version's layout), so it always takes
+    the image's way through here. Images are rewritten as JSON: only these few records."""
+    if versions is None or not len(part) or "table_version" not in part.column_names:
+        return decode
+    older = []
+    numbers = part.column("table_version").fill_null(1)
+    changes = pc.is_in(part.column("op"), value_set=pa.array(["INSERT", "UPDATE"]))
+    for name, planned in versions.expected.items():
+        if planned == 1 or not versions.mapped(name):
+            continue
+        mask = pc.and_(pc.and_(changes, pc.equal(part.column("table"), name)), pc.less(numbers, planned))
+        mask = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+        for index in np.flatnonzero(mask.to_numpy(zero_copy_only=False)):
+            index = int(index)
+            number, insert = int(numbers[index].as_py()), part.column("op")[index].as_py() == "INSERT"
+            older.append((index, *_fitting(versions.defs[name], number, planned, insert)))
+    older = [(index, fill, keep) for index, fill, keep in older if fill or keep is not None]
+    if not older:
+        return decode
+
+    def fitted() -> pa.ChunkedArray:
+        images = decode().to_pylist()
+        for index, fill, keep in older:
+            if images[index] is None:
+                continue
+            image = json.loads(images[index])
+            if keep is not None:
+                image = {column: value for column, value in image.items() if column in keep}
+            for column, value in fill.items():
+                image.setdefault(column, value)
+            images[index] = json.dumps(image, ensure_ascii=False, separators=(",", ":"))
+        return pa.chunked_array([pa.array(images, pa.string())])
+    return fitted
+
+
+def _fitting(table: TableDef, number: int, planned: int, insert: bool) -> tuple[dict[str, str], set[str] | None]:
+    """For a record of version `number` applied under version `planned`: the columns to
+    add with their DEFAULT (an INSERT's), and the columns to keep (None: all of them)."""
+    have, plan = table.version(number), table.version(planned)
+    fill = {c.name: c.default for c in plan.columns
+            if insert and c.name not in have.names and c.default is not None}
+    dropped = set(have.names) - set(plan.names)
+    return fill, (set(plan.names) if dropped else None)
 
 
 def changed_at(records: pa.Table, start: int, stop: int, versions: Versions) -> dict[str, int]:

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from trailbound.archive.segments import TableDef
@@ -57,10 +58,14 @@ def from_trail(files: list[tuple[int, str]], upto: TrailPosition, defs: dict[str
     for seqno, path in files:
         if seqno > upto.seqno or (seqno == upto.seqno and upto.rba == 0):
             break
-        data = trails.read_file(path).select(["rba", "op", "table", "before", "after"])
+        data = trails.read_file(path)
+        if "table_version" not in data.column_names:  # a trail older than versions: version 1 throughout
+            data = data.append_column("table_version", pa.nulls(len(data), pa.int32()))
+        data = data.select(["rba", "op", "table", "before", "after", "table_version"])
         if seqno == upto.seqno:
             data = data.filter(pc.less(data["rba"], upto.rba))
-        for op, table, before, after in zip(*(data[c].to_pylist() for c in ("op", "table", "before", "after"))):
+        for op, table, before, after, number in zip(*(data[c].to_pylist() for c in ("op", "table", "before", "after",
+                                                                                      "table_version"))):
             key = keys.get(table)
             if key is None:
                 continue
@@ -70,7 +75,9 @@ def from_trail(files: list[tuple[int, str]], upto: TrailPosition, defs: dict[str
                 state.clear()
                 continue
             if op == "INSERT":
-                row = json.loads(after)
+                # a row of an earlier version holds what the source gave it when later
+                # versions added columns: their DEFAULT (NULL without one)
+                row = {**_added_since(defs[table], number or 1), **json.loads(after)}
                 new = tuple(row[c] for c in key)
                 state[new] = row
                 table_gone.discard(new)
@@ -93,6 +100,13 @@ def from_trail(files: list[tuple[int, str]], upto: TrailPosition, defs: dict[str
         full = [row for row in state.values() if all(c in row for c in columns)]
         expected[name] = ExpectedTable(name, columns, keys[name], full, list(state), sorted(gone[name], key=repr))
     return expected
+
+
+def _added_since(table: TableDef, number: int) -> dict:
+    if number >= table.latest.version:
+        return {}
+    have = set(table.version(number).names)
+    return {c.name: c.default for c in table.columns if c.name not in have}
 
 
 def readable_suffix(rows: list[dict], upto: TrailPosition) -> list[tuple[int, str]]:

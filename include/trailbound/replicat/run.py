@@ -87,7 +87,7 @@ from trailbound.trail import format as trails
 
 log = logging.getLogger("trailbound.replicat")
 CRASH_POINTS = ("mid_copy", "before_target_commit", "after_target_commit", "between_groups", "between_pieces",
-                "discard_before_commit", "discard_after_commit")
+                "discard_before_commit", "discard_after_commit", "after_target_alter")
 # Chunks prepared ahead of the one being applied: two while they are small (the first
 # ones apply faster than the next row group decodes), one from a chunk of half the most
 # on (it takes longer to apply than the next to prepare; a third would only hold memory).
@@ -355,6 +355,7 @@ class _Run:
             if part is None:
                 return
             part = arrow.trusted_lines(part, self.plans)
+            decode = ddl.older_images_fitted(part, decode, self.versions)
             self.images.add(file.seqno, part, decode, now=arrow.needs_images(part, self.plans))
             yield part
 
@@ -410,6 +411,7 @@ class _Run:
         if self.versions is not None and self.versions.pending:
             self.verified(self.checkpoint.position)
             self.versions.run_pending(cur)
+            crashpoint("after_target_alter")  # the target altered, its first rows and checkpoint row not yet
 
     def _versions_committed(self) -> None:
         if self.versions is not None and self.versions.pending:

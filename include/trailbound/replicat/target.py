@@ -17,7 +17,7 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 from trailbound.archive.contract import split_table_name
-from trailbound.archive.segments import TableDef
+from trailbound.archive.segments import Column, TableDef
 from trailbound.config import Config, MapRule
 from trailbound.errors import TrailboundError
 from trailbound.metadata import connection_error, dsn_from_env
@@ -134,11 +134,30 @@ def type_sql(table: str, column) -> sql.SQL:
     return sql.SQL(column.type)
 
 
+def as_replicated(table: TableDef) -> TableDef:
+    """The table as replicat leaves a target that followed every version from the first
+    (replicat/ddl.py under `ddl: {mode: apply, drop_columns: keep}`): the first version's
+    columns, each later version's new ones after them, types as the latest says, a column
+    a later version dropped kept nullable; the latest key. `target create` makes this, so
+    a replicat starting anywhere in the archive finds every column a record of any version
+    writes, and an added column's DEFAULT gives the rows written before it the source's value."""
+    columns = {}
+    for version in table.versions:
+        columns.update({column.name: column for column in version.columns})
+        for name in [name for name in columns if name not in version.names]:
+            columns[name] = Column(name, columns[name].type, True, columns[name].default)
+    return TableDef(table.name, tuple(columns.values()), table.latest.key)
+
+
 def create_statements(table: TableDef, target: tuple[str, str]) -> list[sql.Composed]:
     """CREATE SCHEMA / TABLE IF NOT EXISTS for `table` at `target`: the source's types,
-    NOT NULL and primary key."""
-    columns = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), type_sql(table.name, c),
-                                         sql.SQL("" if c.nullable else " NOT NULL")) for c in table.columns]
+    NOT NULL, DEFAULT (the value the source's rows from before an added column hold) and
+    primary key."""
+    columns = [sql.SQL("{} {}{}{}").format(
+        sql.Identifier(c.name), type_sql(table.name, c),
+        sql.SQL("") if c.default is None else sql.SQL(" DEFAULT {}::{}").format(sql.Literal(c.default),
+                                                                                type_sql(table.name, c)),
+        sql.SQL("" if c.nullable else " NOT NULL")) for c in table.columns]
     if table.key:
         columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.key))))
     return [sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target[0])),
@@ -146,15 +165,16 @@ def create_statements(table: TableDef, target: tuple[str, str]) -> list[sql.Comp
 
 
 def create_tables(cur, defs: dict[str, TableDef], rules) -> list[tuple[str, str, bool]]:
-    """CREATE TABLE IF NOT EXISTS for every mapped source table, with the source's types,
-    NOT NULL and primary key. Returns (source, target, created now)."""
+    """CREATE TABLE IF NOT EXISTS for every mapped source table as replicat would have
+    made it following its versions (`as_replicated`), with the source's types, NOT NULL,
+    defaults and primary key. Returns (source, target, created now)."""
     done = []
     existing = catalog(cur, sorted({m for m in (map_name(rules, n) for n in defs) if m}))
     for name, table in defs.items():
         target = map_name(rules, name)
         if target is None:
             continue
-        for statement in create_statements(table, target):
+        for statement in create_statements(as_replicated(table), target):
             cur.execute(statement)
         done.append((name, f"{target[0]}.{target[1]}", target not in existing))
     return done

@@ -18,6 +18,7 @@ from psycopg2 import sql
 
 from trailbound.archive import segments as archive_segments
 from trailbound.archive.contract import DEFS_FILE
+from trailbound.archive.segments import Column, TableDef
 from trailbound.archive.writer import write_defs
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
@@ -38,7 +39,8 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident,
  ORDER BY n.nspname, c.relname
 """
 _COLUMNS = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       CASE WHEN a.atthasmissing THEN array_to_string(a.attmissingval, '') END
   FROM pg_attribute a
  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
  ORDER BY a.attnum
@@ -106,12 +108,13 @@ def published_tables(connection, patterns: list[str]) -> list[SourceTable]:
 
 
 def table_definitions(connection, tables: list[SourceTable]) -> list[dict]:
-    """defs.json's tables: PostgreSQL type names, NOT NULL, the primary key (none: the
-    row is its key, as REPLICA IDENTITY FULL says)."""
+    """defs.json's tables: PostgreSQL type names, NOT NULL, the value rows older than a
+    column hold in it (attmissingval: an ADD COLUMN ... DEFAULT), the primary key (none:
+    the row is its key, as REPLICA IDENTITY FULL says)."""
     defs = []
     for table in tables:
-        columns = [{"name": name, "type": kind, "nullable": not not_null}
-                   for name, kind, not_null in _query(connection, _COLUMNS, (table.oid,))]
+        columns = [{"name": name, "type": kind, "nullable": not not_null, **({"default": missing} if missing else {})}
+                   for name, kind, not_null, missing in _query(connection, _COLUMNS, (table.oid,))]
         key = [name for (name,) in _query(connection, _PRIMARY_KEY, (table.oid,))]
         defs.append({"name": table.qualified, "columns": columns, "key": key})
     return defs
@@ -147,9 +150,12 @@ def add_source(config: Config, name: str, *, refresh_defs: bool = False) -> str:
                 raise TrailboundError(f"source {source}: slot {pg.slot} or publication {pg.publication} is missing; "
                                       f"`trailbound add source {source}` (without --refresh-defs) creates them")
             _query_none(connection, _publication_sql("ALTER", pg.publication, tables))
-            write_defs(archive, defs)
-            return (f"SOURCE {source}: defs.json rewritten from the catalog ({len(defs)} table(s)); publication "
-                    f"{pg.publication} holds them")
+            kept = archive_segments.load_defs(archive) if (archive / DEFS_FILE).exists() else {}
+            merged, changed = refreshed_defs(kept, defs, miner_state.load(archive).next_scn.value)
+            write_defs(archive, [table.as_json() for table in merged.values()])
+            return (f"SOURCE {source}: defs.json refreshed from the catalog ({len(defs)} table(s); "
+                    + (f"new version(s): {', '.join(changed)}" if changed else "no table changed")
+                    + f"; every table's earlier versions kept); publication {pg.publication} holds them")
         if slot_exists:
             raise TrailboundError(f"source {source}: replication slot {pg.slot} already exists on the server "
                                   f"(`trailbound delete source {source}` drops it)")
@@ -174,6 +180,37 @@ def add_source(config: Config, name: str, *, refresh_defs: bool = False) -> str:
                 f"(pgoutput) consistent at {consistent} (scn {consistent.scn}); defs.json written to {archive}")
     finally:
         connection.close()
+
+
+def refreshed_defs(kept: dict[str, TableDef], catalog: list[dict], scn: int) -> tuple[dict[str, TableDef], list[str]]:
+    """defs.json after `add source --refresh-defs`: every table's recorded versions kept
+    (the archive's records were written under them); a table whose columns or key in the
+    catalog differ from its latest version gets a new one, from `scn` (the archive's end:
+    the first scn not archived yet); a table new to defs.json is added as `add source`
+    adds it; one no longer published stays as it was. Returns the definitions and "table
+    vN" for each version added.
+
+    A version from the archive's end is one no archived record uses yet: the next pull
+    treats it as the miner treats its own that a kill left there (not yet held) and
+    records the table's version itself at its first change under the new columns, at the
+    exact position. History is never lost either way."""
+    merged, changed = dict(kept), []
+    for document in catalog:
+        name = document["name"]
+        columns = tuple(Column(c["name"], c["type"], c["nullable"], c.get("default")) for c in document["columns"])
+        key = tuple(document["key"])
+        table = kept.get(name)
+        if table is None:
+            merged[name] = TableDef(name, columns, key)  # as `add source` writes it: no record of it yet
+            changed.append(f"{name} v1")
+        elif [(c.name, c.type, c.nullable) for c in table.columns] != [(c.name, c.type, c.nullable) for c in columns] \
+                or table.key != key:
+            known = {c.name: c for c in table.columns}
+            # a column the archive knows keeps what it recorded (its old rows' value)
+            columns = tuple(known.get(c.name, c) if known.get(c.name, c).type == c.type else c for c in columns)
+            merged[name] = table.with_version(columns, key, max(scn, table.latest.scn + 1))
+            changed.append(f"{name} v{merged[name].latest.version}")
+    return merged, changed
 
 
 def _query_none(connection, statement) -> None:
@@ -390,8 +427,8 @@ def _versions(archive) -> list[str]:
     except TrailboundError:
         return []
     return [f"  Table {name}: version {table.latest.version} since scn {table.latest.scn} "
-            f"({Lsn.of(Scn(table.latest.scn))})" for name, table in defs.items()
-            if len(table.versions) > 1 or table.latest.scn]
+            f"({Lsn.of(Scn(table.latest.scn))}" + (f", {table.latest.time})" if table.latest.time else ")")
+            for name, table in defs.items() if len(table.versions) > 1 or table.latest.scn]
 
 
 def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None = None):

@@ -22,6 +22,7 @@ order, so the same arguments produce byte-identical files.
     __init__.py  simulate(): the entry point, and its summary
     engine.py    Simulator: the SCN clock, threads and segments, the database model, the truth
     workload.py  Workload: the transaction stories, the long stories' schedule
+    changes.py   SchemaChange: opt-in ALTER / CREATE TABLE, recorded as table versions
     tables.py    SimTable and the source tables (shop, hr)
     pools.py     the data pools: awkward values, large values, hostile xids
 """
@@ -39,12 +40,14 @@ from pathlib import Path
 from trailbound.archive.contract import DEFS_FILE, FORMATS, SEGMENT_RE
 from trailbound.archive.writer import from_micros, write_defs
 from trailbound.durable import atomic_write
+from trailbound.sources.simulator.changes import PRESETS as SCHEMA_CHANGES
+from trailbound.sources.simulator.changes import SchemaChange
 from trailbound.sources.simulator.engine import TRUTH_FORMAT, Simulator
 from trailbound.sources.simulator.tables import SimTable, source_tables
 from trailbound.sources.simulator.workload import Workload
 
-__all__ = ["DEFAULT_CLOSE_AT", "DEFAULT_QUIET_STRETCHES", "SIMULATOR_FORMATS", "TRUTH_FORMAT", "SimTable",
-           "SimulationSummary", "Simulator", "Workload", "simulate", "source_tables"]
+__all__ = ["DEFAULT_CLOSE_AT", "DEFAULT_QUIET_STRETCHES", "SCHEMA_CHANGES", "SIMULATOR_FORMATS", "TRUTH_FORMAT",
+           "SchemaChange", "SimTable", "SimulationSummary", "Simulator", "Workload", "simulate", "source_tables"]
 
 SIMULATOR_FORMATS = FORMATS + ("mixed",)
 
@@ -102,6 +105,7 @@ def simulate(
     close_last_thread_at: float | None = DEFAULT_CLOSE_AT,
     hostile_xid_rate: float = 0.01,
     rollback_rate: float = 0.04,
+    schema_changes: tuple[SchemaChange, ...] | str = (),
 ) -> SimulationSummary:
     """Write a simulated redo archive (segments and defs.json) into `archive_dir` and the
     state a replica must reach into `truth_path`.
@@ -111,8 +115,14 @@ def simulate(
     segments) and stops for good at `close_last_thread_at` (None: never). fmt: "parquet",
     "jsonl" or "mixed" (alternating per segment). Segments switch every `segment_minutes`
     of log time, and also after `segment_records` records if given. concurrency: open
-    short transactions per thread. Deterministic: the same arguments write the same bytes.
+    short transactions per thread. schema_changes: ALTER TABLE / CREATE TABLE statements
+    (changes.py), or the name of a set of them ("none", "demo", "all"), each recorded as a
+    table version in defs.json. Deterministic: the same arguments write the same bytes.
     """
+    if isinstance(schema_changes, str):
+        if schema_changes not in SCHEMA_CHANGES:
+            raise ValueError(f"schema_changes must be one of {tuple(SCHEMA_CHANGES)}, not {schema_changes!r}")
+        schema_changes = SCHEMA_CHANGES[schema_changes]
     if fmt not in SIMULATOR_FORMATS:
         raise ValueError(f"fmt must be one of {SIMULATOR_FORMATS}, not {fmt!r}")
     if records < 1 or hours <= 0 or threads < 1 or segment_minutes <= 0:
@@ -137,7 +147,7 @@ def simulate(
             start=start, segment_minutes=segment_minutes, segment_records=segment_records,
             concurrency=concurrency, quiet_stretches=quiet_stretches,
             close_at=close_last_thread_at, hostile_xid_rate=hostile_xid_rate,
-            rollback_rate=rollback_rate,
+            rollback_rate=rollback_rate, schema_changes=schema_changes,
         )
         write_defs(archive, [table.definition() for table in sim.tables])
         sim.run()

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from trailbound.archive.contract import FORMATS, data_name
-from trailbound.archive.writer import encode_json, from_micros, to_micros, write_segment_columns
+from trailbound.archive.segments import Column, TableDef, TableVersion
+from trailbound.archive.writer import encode_json, from_micros, to_micros, write_defs, write_segment_columns
 from trailbound.positions import Scn
+from trailbound.sources.simulator.changes import SchemaChange
 from trailbound.sources.simulator.pools import HOSTILE_XID_PATTERNS, SINGLE_HOSTILE_XIDS
-from trailbound.sources.simulator.tables import CARTS, MISSING, SimTable, source_tables
+from trailbound.sources.simulator.tables import CARTS, MISSING, SimTable, review_table, source_tables
 from trailbound.sources.simulator.workload import HANDOFF_TIMES, LONG_STORIES, TRUNCATE_TIMES, Workload
 
 TRUTH_FORMAT = 1
@@ -78,7 +80,7 @@ class Simulator:
     def __init__(self, archive_dir: Path, *, seed: int, records: int, hours: float, threads: int,
                  fmt: str, start: datetime, segment_minutes: float, segment_records: int | None,
                  concurrency: int, quiet_stretches, close_at: float | None,
-                 hostile_xid_rate: float, rollback_rate: float):
+                 hostile_xid_rate: float, rollback_rate: float, schema_changes: tuple[SchemaChange, ...] = ()):
         self.archive = archive_dir
         self.seed = seed
         self.rng = random.Random(seed)
@@ -108,9 +110,21 @@ class Simulator:
             "truncates_rolled_back", "hostile_xids", "shared_commit_scns", "large_values",
             "empty_segments", "long_transactions", "handoffs",
         ], 0)
+        if schema_changes:
+            self.features["schema_changes"] = 0
 
         self.tables = source_tables()
         self.table = {table.name: table for table in self.tables}
+        # defs.json as it is written: each table's versions (a schema change adds one)
+        self.defs = {table.name: _definition(table) for table in self.tables}
+        self.schema_changes = tuple(schema_changes)
+        for change in self.schema_changes:  # what the workload knows how to write to
+            known = self.table.get(change.table)
+            if change.kind == "create_table" and (known is not None or change.table != review_table().name):
+                raise ValueError(f"{change.describe()}: the simulator creates only {review_table().name}, once")
+            if change.kind != "create_table" and (known is None or (change.kind != "add_column") !=
+                                                  (change.column in known.column_names)):
+                raise ValueError(f"{change.describe()}: no such table, or the column is (not) there already")
 
         self.threads = [
             RedoThread(number, weight=threads - number + 1, first_scn=self.scn + 1,
@@ -180,6 +194,9 @@ class Simulator:
             for fraction in HANDOFF_TIMES:
                 self.schedule(self.at(fraction), self._handoff)
 
+        for change in self.schema_changes:
+            self.schedule(self.at(change.at), lambda c=change: self._schema_change(c))
+
         self.schedule(1 << 62, lambda: None)  # sentinel: the heap is never empty
 
     def _start_long(self, story, thread: RedoThread, until: int | None, every: int, outcome: str) -> None:
@@ -220,6 +237,48 @@ class Simulator:
         self.end(second, commit=True)
         self.hold_scn = False
         self.features["handoffs"] += 1
+
+    def _schema_change(self, change: SchemaChange) -> None:
+        """One schema change as its own transaction (changes.py): once no open transaction
+        has used the table, a row under the old definition, the change (a new version in
+        defs.json), a row under the new one, COMMIT. Written at once: nothing comes between."""
+        table = self.table.get(change.table)
+        if table is not None and (table.users or table.exclusive is not None):
+            self.schedule(self.now_us() + 1, lambda: self._schema_change(change))  # after the next record
+            return
+        if self.total - self.count < 4:
+            return
+        txn = self.new_txn(self.busy_threads[0])
+        if change.kind == "create_table":
+            table = review_table()
+            self.tables.append(table)
+            self.table[table.name] = table
+            self._new_version(table)
+        else:
+            self.insert(txn, table, self.workload.row_for(table))
+            own = [row for row in txn.overlay.get(table, {}).values() if row is not None]
+            if change.kind == "add_column":
+                table.add_column(change.column, change.type, change.default, change.values, own)
+            elif change.kind == "drop_column":
+                table.drop_column(change.column, own)
+            else:
+                table.retype(change.column, change.type)
+            self._new_version(table)
+        self.insert(txn, table, self.workload.row_for(table))
+        self.end(txn, commit=True)
+        self.features["schema_changes"] += 1
+
+    def _new_version(self, table: SimTable) -> None:
+        """The table's definition now, as a new version from the next scn: above every
+        record written so far (the old version's), at or below the first of the new.
+        defs.json is rewritten before any segment holding such a record is closed."""
+        scn, time = self.scn + 1, from_micros(self.now_us()).isoformat()
+        now = _definition(table)
+        before = self.defs.get(table.name)
+        self.defs[table.name] = (before.with_version(now.columns, now.key, scn, time) if before is not None else
+                                 TableDef(table.name, now.columns, now.key,
+                                          (TableVersion(1, scn, now.columns, now.key, time),)))
+        write_defs(self.archive, [definition.as_json() for definition in self.defs.values()])
 
     def _set_accepting(self, thread: RedoThread, accepting: bool) -> None:
         thread.accepting = accepting
@@ -436,6 +495,8 @@ class Simulator:
         self.emit(txn.thread, txn.xid, None, "BEGIN", None, None, None)
 
     def insert(self, txn: Txn, table: SimTable, row: dict) -> None:
+        if table.reshaped:
+            row = table.shaped(row, self._pick)
         ident = table.ident_of(row)
         table.locks[ident] = txn  # the new key is reserved until the transaction ends
         txn.locks.append((table, ident))
@@ -445,6 +506,8 @@ class Simulator:
     def update(self, txn: Txn, table: SimTable, ident, old: dict, changes: dict,
                full_before: bool = False) -> None:
         """UPDATE a picked row: `after` holds the key and the changed columns only."""
+        if table.reshaped:
+            changes = table.shaped_changes(changes)
         new = {**old, **changes}
         new_ident = table.ident_of(new)
         if new_ident != ident:  # a primary-key update: the row moves to a fresh key
@@ -569,6 +632,9 @@ class Simulator:
         if not thread.accepting and not thread.open:
             self._refresh_eligible()
 
+    def _pick(self, pool: tuple):
+        return pool[int(self.rng.random() * len(pool))]
+
     # ---- values that depend on log time ----------------------------------------------
 
     def timestamptz_text(self, micros: int) -> str:
@@ -607,6 +673,11 @@ class Simulator:
             "transactions": {"committed": self.committed, "rolled_back": self.rolled_back,
                              "open_at_end": open_at_end},
         }
+
+
+def _definition(table: SimTable) -> TableDef:
+    return TableDef(table.name, tuple(Column(name, kind, nullable, table.defaults.get(name))
+                                      for name, kind, nullable in table.columns), tuple(table.key))
 
 
 def _sortable(value: Any) -> tuple:

@@ -43,6 +43,11 @@ class SimTable:
         self.users: set[Txn] = set()        # open transactions that touched the table
         self.exclusive: Txn | None = None   # the transaction that truncated it
         self.draining = False               # a TRUNCATE is waiting: no new users
+        # After a schema change (changes.py): the rows the workload makes are reshaped to
+        # the table's columns; an added column's values for them, and its DEFAULT.
+        self.reshaped = False
+        self.fills: dict[str, tuple] = {}
+        self.defaults: dict[str, str] = {}
 
     def definition(self) -> dict:
         return {
@@ -50,6 +55,38 @@ class SimTable:
             "columns": [{"name": n, "type": t, "nullable": nullable} for n, t, nullable in self.columns],
             "key": list(self.key),
         }
+
+    def add_column(self, name: str, kind: str, default: str | None, values: tuple, rows) -> None:
+        """ADD COLUMN: every existing row (committed, and `rows`: the changing
+        transaction's own) gets the DEFAULT, as PostgreSQL gives it."""
+        self.columns = self.columns + [(name, kind, True)]
+        self.fills[name] = values
+        if default is not None:
+            self.defaults[name] = default
+        for row in [*self.rows.values(), *rows]:
+            row[name] = default
+        self._reshape()
+
+    def drop_column(self, name: str, rows) -> None:
+        self.columns = [c for c in self.columns if c[0] != name]
+        for row in [*self.rows.values(), *rows]:
+            row.pop(name, None)
+        self._reshape()
+
+    def retype(self, name: str, kind: str) -> None:
+        self.columns = [(n, kind if n == name else t, nullable) for n, t, nullable in self.columns]
+
+    def _reshape(self) -> None:
+        self.column_names = [column for column, _, _ in self.columns]
+        self.reshaped = True
+
+    def shaped(self, row: dict, pick: Callable[[tuple], Any]) -> dict:
+        """A row the workload made, in the table's columns now (an added one filled by `pick`)."""
+        return {column: row[column] if column in row else pick(self.fills.get(column, (None,)))
+                for column in self.column_names}
+
+    def shaped_changes(self, changes: dict) -> dict:
+        return {column: value for column, value in changes.items() if column in self.column_names}
 
     def key_of(self, row: dict) -> dict:
         return {column: row[column] for column in self.key}
@@ -90,6 +127,7 @@ PAGE_VIEWS = "shop.page_views"
 CARTS = "shop.cart_sessions"
 EMPLOYEES = "hr.employees"
 TIMESHEETS = "hr.timesheets"
+REVIEWS = "shop.reviews"   # created mid-archive by a schema change (changes.py)
 
 
 def source_tables() -> list[SimTable]:
@@ -137,3 +175,11 @@ def source_tables() -> list[SimTable]:
             ("hours", "double precision", False), ("note", "text", True),
         ], key=["id"], cap=40_000),
     ]
+
+
+def review_table() -> SimTable:
+    """The table a CREATE TABLE brings (changes.py)."""
+    return SimTable(REVIEWS, [
+        ("id", "bigint", False), ("customer_id", "bigint", False), ("stars", "integer", False),
+        ("body", "text", True), ("written_at", "timestamptz", False),
+    ], key=["id"], cap=10_000)

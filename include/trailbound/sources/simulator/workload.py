@@ -34,6 +34,7 @@ from trailbound.sources.simulator.tables import (
     LINES,
     ORDERS,
     PAGE_VIEWS,
+    REVIEWS,
     TIMESHEETS,
     SimTable,
 )
@@ -232,6 +233,21 @@ class Workload:
             "note": self.choice(AWKWARD_TEXTS) if self.chance(0.3) else None,
         }
 
+    def review_row(self, customer_id: int) -> dict:
+        return {
+            "id": self.t[REVIEWS].new_id(),
+            "customer_id": customer_id,
+            "stars": 1 + self.below(5),
+            "body": self.choice(AWKWARD_TEXTS) if self.chance(0.6) else None,
+            "written_at": self.sim.now_text(),
+        }
+
+    def row_for(self, table: SimTable) -> dict:
+        """A new row of any table a schema change writes to (changes.py)."""
+        rows = {CUSTOMERS: self.customer_row, TIMESHEETS: lambda: self.timesheet_row(1_000 + self.below(50)),
+                REVIEWS: lambda: self.review_row(self.below(20_000))}
+        return rows[table.name]()
+
     # ---- short transactions --------------------------------------------------------------
 
     def order_story(self, txn: Txn) -> Iterator:
@@ -371,6 +387,11 @@ class Workload:
                         changes["notes"] = self.choice(AWKWARD_TEXTS + [None])
                 sim.update(txn, customers, ident, customer, changes, full_before=self.chance(0.3))
             yield
+        reviews = self.t.get(REVIEWS)  # once a schema change created it
+        if reviews is not None and picked is not None and self.chance(0.3):
+            sim.insert(txn, reviews, self.review_row(picked[1]["id"]))
+            yield
+            yield from self.trim(txn, reviews)
         yield from self.trim(txn, customers)
         self.commit_or_rollback(txn)
 
