@@ -1,5 +1,6 @@
 """The operator's console on the command line: every run's outcome recorded (ABENDED until
-a run succeeds), INFO ALL, wildcards in INFO, the status data the Airflow view renders."""
+a run succeeds), INFO ALL, wildcards in INFO, the status data the console in Airflow
+shows (its JSON)."""
 
 from __future__ import annotations
 

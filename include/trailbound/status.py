@@ -1,7 +1,7 @@
 """What an operator looks at first, as data: INFO ALL (every extract, pump and replicat
 with its status, lag at checkpoint and time since checkpoint), a capture's open
 transactions oldest first, and the lag history of a group. The CLI prints these; the
-Airflow view renders them. Nothing here prints or formats for a screen.
+console in Airflow shows them. Nothing here prints or formats for a screen.
 
 Two clocks, kept apart (and both UTC):
 - log time: when the source committed (or wrote) a record, from the redo archive;
