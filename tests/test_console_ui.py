@@ -99,7 +99,11 @@ class Airflow:
         world.env.update({"AIRFLOW__API__WORKERS": "1",
                           "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                           "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                          "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
+                          "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2",
+                          # A task's calls to the API server wait 5 s by default, then it is
+                          # killed after the retries: on a loaded machine the API server's
+                          # first answer to a task can take a minute.
+                          "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "90"})
         server, self.port = start_api_server(world.env, self.logs["api-server"])
         self.url = f"http://127.0.0.1:{self.port}"
         self.processes = [server] + [subprocess.Popen([str(VENV_BIN / "airflow"), name], env=world.env,
@@ -190,12 +194,6 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         airflow.stop()
         raise
     try:
-        # The monitor's run for the interval ending T0+3h (a backfill run has that data
-        # interval; a manual one's ends now): capture has read only to T0+2h.
-        interval = (T0 + timedelta(hours=2, minutes=45)).isoformat()
-        world.airflow("backfill", "create", "--dag-id", "longtrans_ext1", "--from-date", interval,
-                      "--to-date", interval)
-
         # Without a session the console's data and code answer 401; the old page's address
         # sends to the console in the UI (whose login is Airflow's).
         assert status_of(f"{airflow.url}/trailbound/") == 307
@@ -232,6 +230,14 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         resolved = "return new URL(arguments[0].getAttribute('href'), document.baseURI).href"
         assert driver.execute_script(resolved, driver.find_element(By.ID, "control-dag")) == \
             f"{airflow.url}/dags/control"
+
+        # The monitor's run for the interval ending T0+3h (a backfill run has that data
+        # interval; a manual one's ends now): capture has read only to T0+2h. Started once
+        # the UI has loaded: under load, the browser's first load of the UI and the task's
+        # start, each costly, must not starve the task's calls to the API server.
+        interval = (T0 + timedelta(hours=2, minutes=45)).isoformat()
+        world.airflow("backfill", "create", "--dag-id", "longtrans_ext1", "--from-date", interval,
+                      "--to-date", interval)
 
         # The sensor waits in the triggerer, polling every CHECKINTERVAL (3 s).
         wait_for(lambda: task_state(world, "longtrans_ext1") == "deferred", "the sensor to defer", logs)
@@ -284,17 +290,17 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         assert widths[0] <= widths[1] and widths[2] <= widths[3], widths
         keep_screenshot(driver, tmp_path, f"console-{NARROW[0]}x{NARROW[1]}.png")
 
-        # A point's link opens its DAG run in the UI.
-        driver.set_window_size(*WIDE)
-        chart(driver, "lag-charts", "EXT1").find_elements(By.CSS_SELECTOR, "svg a.tb-run circle")[0].click()
-        wait.until(until.url_contains("/dags/capture_ext1/runs/scheduled__2026-11-01T02"))
-
         wait_for(lambda: task_state(world, "longtrans_ext1") == "failed", "the monitor to alert", logs)
         page = (tmp_path / "pages.txt").read_text()
         for expected in ("EXTRACT EXT1 open longer than WARNLONGTRANS 1:00:00", "xid 'OLDTX' thread 1 open 3:59:50",
                          "start position 1:1:0", "trailbound send extract EXT1 skiptrans OLDTX --thread 1",
                          "trailbound send extract EXT1 forcetrans OLDTX --thread 1", "SKIPTRANS OLDTX", "FORCETRANS"):
             assert expected in page, page
+
+        # A point's link opens its DAG run in the UI.
+        driver.set_window_size(*WIDE)
+        chart(driver, "lag-charts", "EXT1").find_elements(By.CSS_SELECTOR, "svg a.tb-run circle")[0].click()
+        wait.until(until.url_contains("/dags/capture_ext1/runs/scheduled__2026-11-01T02"))
     finally:
         driver.quit()
         airflow.stop()

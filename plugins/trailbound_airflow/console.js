@@ -107,14 +107,15 @@ function timeLabel(ms, spanMs) {
   return spanMs >= 86400000 ? `${iso.slice(5, 10)} ${iso.slice(11, 16)}` : iso.slice(11, spanMs < 600000 ? 19 : 16);
 }
 
+// The width an element is drawn at, followed as it changes. A callback ref: the element
+// changes when a chart that had no runs gets its first.
 function useWidth(fallback) {
-  const ref = React.useRef(null);
   const [width, setWidth] = React.useState(fallback);
-  React.useEffect(() => {
-    if (!ref.current) return undefined;
-    const observer = new ResizeObserver(([entry]) => setWidth(Math.max(200, Math.floor(entry.contentRect.width))));
-    observer.observe(ref.current);
-    return () => observer.disconnect();
+  const observer = React.useRef(null);
+  const ref = React.useCallback((element) => {
+    if (observer.current) observer.current.disconnect();
+    observer.current = element && new ResizeObserver(([entry]) => setWidth(Math.max(160, Math.floor(entry.contentRect.width))));
+    if (element) observer.current.observe(element);
   }, []);
   return [ref, width];
 }
