@@ -152,23 +152,25 @@ function RunChart({ runs, value, durations, yTitle, describe }) {
     style: { display: "block", overflow: "visible" } },
     // y axis: gridlines and tick labels left of the axis, the axis' title above it
     yTicks.map((v) => h("g", { key: `y${v}` },
-      h("line", { x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), stroke: v ? INK.grid : INK.axis }),
+      h("line", { x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), style: { stroke: v ? INK.grid : INK.axis } }),
       h("text", { x: pad.left - 6, y: y(v) + 4, textAnchor: "end", style: text, className: "tb-y-tick" }, format(v)))),
-    h("line", { x1: pad.left, x2: pad.left, y1: pad.top, y2: pad.top + plotH, stroke: INK.axis }),
+    h("line", { x1: pad.left, x2: pad.left, y1: pad.top, y2: pad.top + plotH, style: { stroke: INK.axis } }),
     h("text", { x: pad.left, y: 11, style: text, className: "tb-axis-title" }, yTitle),
     // x axis: commit time, ticks below the axis, its title under them
     xTicks.map((t, i) => h("g", { key: `x${i}` },
-      h("line", { x1: x(t), x2: x(t), y1: pad.top + plotH, y2: pad.top + plotH + 4, stroke: INK.axis }),
+      h("line", { x1: x(t), x2: x(t), y1: pad.top + plotH, y2: pad.top + plotH + 4, style: { stroke: INK.axis } }),
       h("text", { x: x(t), y: pad.top + plotH + 16, textAnchor: anchor(i, xTicks.length), style: text,
         className: "tb-x-tick" }, timeLabel(t, t1 - t0)))),
     h("text", { x: width - pad.right, y: height - 4, textAnchor: "end", style: text, className: "tb-axis-title" },
       `commit time (UTC${t1 - t0 < 86400000 ? `, ${new Date(t0).toISOString().slice(0, 10)}` : ""})`),
-    points.length > 1 && h("polyline", { fill: "none", stroke: INK.line, strokeWidth: 2,
+    points.length > 1 && h("polyline", { style: { fill: "none", stroke: INK.line, strokeWidth: 2 },
       points: points.map((p, i) => `${x(times[i])},${y(value(p))}`).join(" ") }),
     points.map((p, i) => {
       const dot = h("circle", { cx: x(times[i]), cy: y(value(p)), r: hover === i ? 6 : p.href ? 4.5 : 3.5,
-        fill: p.href ? INK.line : "var(--chakra-colors-bg-panel, #fff)", stroke: INK.line, strokeWidth: 2,
-        onMouseEnter: () => setHover(i), onMouseLeave: () => setHover(null), style: { cursor: p.href ? "pointer" : "default" } },
+        onMouseEnter: () => setHover(i), onMouseLeave: () => setHover(null),
+        // CSS variables (the theme's colors) work in style, not in SVG's presentation attributes everywhere.
+        style: { fill: p.href ? INK.line : "var(--chakra-colors-bg-panel, #fff)", stroke: INK.line, strokeWidth: 2,
+          cursor: p.href ? "pointer" : "default" } },
         h("title", null, describe(p)));
       return p.href ? h("a", { key: i, href: p.href, className: "tb-run" }, dot) : h("g", { key: i }, dot);
     }));
