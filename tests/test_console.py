@@ -102,6 +102,10 @@ def test_each_lag_point_names_the_airflow_run_that_committed_it(tmp_path, spark,
         assert cli.main(tb(config_path, "extract", "run", "EXT1", *(["--airflow-run", *run] if run else []))) == 0
     points = status.lag_history(store, "extract", "EXT1")
     assert [(p.airflow_dag_id, p.airflow_run_id) for p in points] == [run or (None, None) for run in runs]
+    with store.transaction() as cur:   # each run's throughput: what it wrote, over its wall time
+        cur.execute("SELECT records_written, ended_at - started_at AS took FROM trailbound.extract_run ORDER BY run_id")
+        assert [(p.records, p.seconds) for p in points] == [(r["records_written"], r["took"].total_seconds())
+                                                           for r in cur.fetchall()]
     assert [o.airflow_run_id for o in runlog.history(store, "extract", "EXT1")] == [
         run and run[1] for run in reversed(runs)]
 
