@@ -121,7 +121,7 @@ function useWidth(fallback) {
 }
 
 const INK = {
-  line: "var(--chakra-colors-brand-solid, #1f6feb)",
+  line: "var(--chakra-colors-fg-info, #1f6feb)",   // the links' colour: a filled point is one
   axis: "var(--chakra-colors-border-emphasized, #999)",
   grid: "var(--chakra-colors-border-muted, #e4e4e7)",
   label: "var(--chakra-colors-fg-muted, #52525b)",
