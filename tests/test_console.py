@@ -1,8 +1,10 @@
 """The operator's console on the command line: every run's outcome recorded (ABENDED until
-a run succeeds), INFO ALL, wildcards in INFO, the status data the Airflow view renders."""
+a run succeeds), INFO ALL, wildcards in INFO, the status data the console in Airflow
+shows (its JSON)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +102,10 @@ def test_each_lag_point_names_the_airflow_run_that_committed_it(tmp_path, spark,
         assert cli.main(tb(config_path, "extract", "run", "EXT1", *(["--airflow-run", *run] if run else []))) == 0
     points = status.lag_history(store, "extract", "EXT1")
     assert [(p.airflow_dag_id, p.airflow_run_id) for p in points] == [run or (None, None) for run in runs]
+    with store.transaction() as cur:   # each run's throughput: what it wrote, over its wall time
+        cur.execute("SELECT records_written, ended_at - started_at AS took FROM trailbound.extract_run ORDER BY run_id")
+        assert [(p.records, p.seconds) for p in points] == [(r["records_written"], r["took"].total_seconds())
+                                                           for r in cur.fetchall()]
     assert [o.airflow_run_id for o in runlog.history(store, "extract", "EXT1")] == [
         run and run[1] for run in reversed(runs)]
 
@@ -203,33 +209,44 @@ def test_the_long_transaction_alert_reaches_a_users_notifier_with_group_xid_age_
         assert expected in sent, sent
 
 
-def test_the_view_renders_every_section_with_utc_times_and_relative_links():
+def test_the_pages_data_links_each_run_to_its_dag_run_relative_to_the_ui_and_says_utc():
     from datetime import datetime, timedelta, timezone
 
-    from trailbound_airflow.console import Snapshot, render
+    from trailbound.stats import TableStats
+    from trailbound_airflow.console import Snapshot, console_data
 
     now = datetime(2026, 11, 23, 1, 0, tzinfo=timezone.utc)
     point = status.LagPoint
+    key = ("replicat", "REP1")
     snap = Snapshot(now=now, groups=[status.GroupStatus("replicat", "REP1", "ABENDED", True, now, timedelta(seconds=5),
                                                         timedelta(seconds=60), None, "target <gone>", now)],
                     # Two runs committed by DAG runs (each recorded its own), one from the CLI.
-                    lags={("replicat", "REP1"): [
+                    lags={key: [
                         point(now - timedelta(hours=2), timedelta(seconds=70), "replicat_rep1",
-                              "scheduled__2026-11-22T23:00:00+00:00"),
-                        point(now - timedelta(hours=1), timedelta(seconds=50)),
+                              "scheduled__2026-11-22T23:00:00+00:00", 600, 12.0),
+                        point(now - timedelta(hours=1), timedelta(seconds=50), records=0, seconds=3.0),
                         point(now, timedelta(seconds=5), "replicat_rep1", "scheduled__2026-11-23T00:00:00+00:00")]},
-                    dags={("replicat", "REP1"): ["replicat_rep1"]})
-    page = render(snap)
-    assert "2026-11-23 01:00:00 UTC: target &lt;gone&gt;" in page, "escaped, with its zone"
-    assert "href='../dags/replicat_rep1/runs'" in page and "href='../dags/control'" in page
-    # Each point of the lag chart links to its own DAG run, when one committed it.
-    chart = page.split("<svg class=\"lag\"")[1].split("</svg>")[0]
-    assert chart.count("<circle") == 3 and chart.count("<a href=") == 2, chart
-    assert 'href="../dags/replicat_rep1/runs/scheduled__2026-11-23T00%3A00%3A00%2B00%3A00"' in chart
-    assert 'href="../dags/replicat_rep1/runs/scheduled__2026-11-22T23%3A00%3A00%2B00%3A00"' in chart
-    assert "DAG run replicat_rep1 scheduled__2026-11-23T00:00:00+00:00" in chart
-    assert "a run from the command line" in chart
-    assert "<polyline" in page and "http" not in page.replace("http-equiv", ""), "no absolute URL, no CDN"
+                    dags={key: ["replicat_rep1"]},
+                    stats={key: [TableStats("shop.orders", "shop.orders",
+                                            dict(inserts=5, updates=1, deletes=1, truncates=0, discards=2,
+                                                 collisions=1))]})
+    data = json.loads(json.dumps(console_data(snap)))  # what the page receives
+    [group] = data["groups"]
+    assert (group["status"], group["error"], group["error_time"]) == ("ABENDED", "target <gone>",
+                                                                      "2026-11-23T01:00:00+00:00")
+    assert group["dags"] == [{"dag_id": "replicat_rep1", "href": "dags/replicat_rep1/runs"}]
+    # Each point links to its own DAG run, when one committed it; relative to the UI's base URL.
+    assert [r["href"] for r in group["runs"]] == [
+        "dags/replicat_rep1/runs/scheduled__2026-11-22T23%3A00%3A00%2B00%3A00", None,
+        "dags/replicat_rep1/runs/scheduled__2026-11-23T00%3A00%3A00%2B00%3A00"]
+    assert [r["lag"] for r in group["runs"]] == [70.0, 50.0, 5.0]
+    assert [r["records_per_second"] for r in group["runs"]] == [50.0, 0.0, None], "throughput: records per second"
+    assert group["tables"] == [{"table": "shop.orders", "target": "shop.orders", "inserts": 5, "updates": 1,
+                                "deletes": 1, "truncates": 0, "discards": 2, "collisions": 1, "operations": 7}]
+    assert group["discards"] == 2
+    assert data["as_of"] == "2026-11-23T01:00:00+00:00" and data["heartbeat"] is None
+    assert data["links"]["control"] == "dags/control"
+    assert "http" not in json.dumps(data), "no absolute URL: the page works under a proxy's base path"
 
 
 def test_logdump_bounds_and_a_closed_pipe_end_cleanly(tmp_path, spark, store, capsys, monkeypatch):
@@ -260,7 +277,7 @@ def test_logdump_bounds_and_a_closed_pipe_end_cleanly(tmp_path, spark, store, ca
 
 def test_the_view_shows_each_live_sources_slot_lag(tmp_path, store, source_dsn, monkeypatch):
     from pg_source_kit import SOURCE_ENV, execute, write_config as write_pg_config
-    from trailbound_airflow.console import read_snapshot, render
+    from trailbound_airflow.console import console_data, read_snapshot
 
     execute(source_dsn, "CREATE TABLE public.items (id int PRIMARY KEY, note text)")
     config_path = write_pg_config(tmp_path, tables=("public.items",))
@@ -277,14 +294,14 @@ def test_the_view_shows_each_live_sources_slot_lag(tmp_path, store, source_dsn, 
     after, = snap.sources
     assert after.lag_bytes < before.lag_bytes // 10, "the pull archived it and confirmed the slot"
     assert after.last_segment.records == 2001 and 0 <= after.behind_seconds < 120  # 2,000 INSERTs, a COMMIT
-    page = render(snap)
-    assert f"<td>PG</td><td>trailbound_pg</td><td>{after.confirmed}</td>" in page
-    assert f"<td class='lag'>{after.lag_bytes} bytes</td>" in page
+    [shown] = console_data(snap)["sources"]
+    assert (shown["source"], shown["slot"], shown["confirmed"], shown["lag_bytes"]) == (
+        "PG", "trailbound_pg", after.confirmed, after.lag_bytes)
 
     monkeypatch.setenv(SOURCE_ENV, "postgresql://nobody@127.0.0.1:1/none")
     down, = read_snapshot(str(config_path)).sources
     assert down[0] == "PG" and "127.0.0.1" in down[1], "an unreachable source is named, the page still renders"
-    assert "not available" in render(read_snapshot(str(config_path)))
+    assert console_data(read_snapshot(str(config_path)))["sources"] == [{"source": "PG", "error": down[1]}]
 
 
 def test_archive_verify_checks_the_configured_directory_and_reports_purged_segments(tmp_path, spark, store, capsys,

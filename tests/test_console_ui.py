@@ -1,8 +1,9 @@
 """The operator's console in Airflow, for real: the suite starts Airflow's API server (with
 our plugin), scheduler and triggerer on 127.0.0.1 and
 - drives headless Chromium (Debian's chromium and chromium-driver, through selenium)
-  through the login to the trailbound view, and reads what a user reads there (a
-  screenshot is kept; its path is printed);
+  through the login and the navigation to the console, the plugin's React app inside
+  Airflow's UI, and reads what a user reads there, at a wide and a narrow window
+  (screenshots are kept; their paths are printed);
 - runs the long-transaction monitor, whose sensor defers to the triggerer, polls every
   WARNLONGTRANS CHECKINTERVAL, and alerts through our notifier into a user's notifier."""
 
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 USER, PASSWORD = "operator", "operator-password-for-the-test"
+WIDE, NARROW = (1400, 900), (480, 900)
+ARTIFACTS = REPO / "var" / "artifacts"
 
 
 def write_config(tmp_path: Path) -> Path:
@@ -96,7 +99,11 @@ class Airflow:
         world.env.update({"AIRFLOW__API__WORKERS": "1",
                           "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                           "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                          "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2"})
+                          "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False", "AIRFLOW__CORE__PARALLELISM": "2",
+                          # A task's calls to the API server wait 5 s by default, then it is
+                          # killed after the retries: on a loaded machine the API server's
+                          # first answer to a task can take a minute.
+                          "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "90"})
         server, self.port = start_api_server(world.env, self.logs["api-server"])
         self.url = f"http://127.0.0.1:{self.port}"
         self.processes = [server] + [subprocess.Popen([str(VENV_BIN / "airflow"), name], env=world.env,
@@ -121,9 +128,25 @@ def browser(profile: Path):
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1800", f"--user-data-dir={profile}"):
+                 f"--window-size={WIDE[0]},{WIDE[1]}", f"--user-data-dir={profile}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def keep_screenshot(driver, tmp_path: Path, name: str) -> Path:
+    """A screenshot under the test's tmp dir, copied to var/artifacts (kept after the run)."""
+    shot = tmp_path / name
+    driver.save_screenshot(str(shot))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    kept = Path(shutil.copy(shot, ARTIFACTS / name))
+    print(f"screenshot of the console: {kept}")
+    return kept
+
+
+def chart(driver, charts: str, group: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, f"#{charts} .tb-chart-card[data-group='{group}']")
 
 
 def group_row(driver, group: str) -> dict:
@@ -139,6 +162,7 @@ def group_row(driver, group: str) -> dict:
                                                              "(the Makefile's set-up installs them)")
 def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts_through_the_triggerer(
         tmp_path, spark, store, monkeypatch, spark_remote):
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as until
     from selenium.webdriver.support.ui import WebDriverWait
@@ -170,26 +194,25 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         airflow.stop()
         raise
     try:
-        # The monitor's run for the interval ending T0+3h (a backfill run has that data
-        # interval; a manual one's ends now): capture has read only to T0+2h.
-        interval = (T0 + timedelta(hours=2, minutes=45)).isoformat()
-        world.airflow("backfill", "create", "--dag-id", "longtrans_ext1", "--from-date", interval,
-                      "--to-date", interval)
-
-        # Without a session: the page sends to the login, the API answers 401.
+        # Without a session the console's data and code answer 401; the old page's address
+        # sends to the console in the UI (whose login is Airflow's).
         assert status_of(f"{airflow.url}/trailbound/") == 307
-        assert status_of(f"{airflow.url}/trailbound/api/info-all") == 401
-        assert status_of(f"{airflow.url}/trailbound/api/info-all", token="not-a-token") in (401, 403)
-        assert status_of(f"{airflow.url}/trailbound/metrics") == 401   # no redirect for a scraper
-        assert status_of(f"{airflow.url}/trailbound/metrics", token="not-a-token") in (401, 403)
+        for path in ("api/console", "api/info-all", "static/console.js", "metrics"):   # no redirect for a scraper
+            assert status_of(f"{airflow.url}/trailbound/{path}") == 401, path
+            assert status_of(f"{airflow.url}/trailbound/{path}", token="not-a-token") in (401, 403), path
 
-        driver.get(f"{airflow.url}/trailbound/")
+        driver.get(f"{airflow.url}/")
         wait = WebDriverWait(driver, 120)
         wait.until(until.presence_of_element_located((By.CSS_SELECTOR, "input[name='username']")))
         driver.find_element(By.CSS_SELECTOR, "input[name='username']").send_keys(USER)
         driver.find_element(By.CSS_SELECTOR, "input[name='password']").send_keys(PASSWORD)
         driver.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
-        wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
+        # The navigation's entry: Browse -> Trailbound, a page of the UI (no iframe).
+        wait.until(until.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Browse']"))).click()
+        wait.until(until.element_to_be_clickable((By.XPATH, "//a[normalize-space()='Trailbound']"))).click()
+        wait.until(until.presence_of_element_located((By.CSS_SELECTOR, "#info-all-table tr[data-group='EXT1']")))
+        assert driver.current_url == f"{airflow.url}/plugin/trailbound" and not driver.find_elements(By.TAG_NAME,
+                                                                                                     "iframe")
 
         ext1, rep1 = group_row(driver, "EXT1"), group_row(driver, "REP1")
         assert (ext1["program"], ext1["status"]) == ("EXTRACT", "STOPPED")
@@ -200,8 +223,21 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         [alert] = driver.find_elements(By.CSS_SELECTOR, "#transactions-table tr.alert")
         assert alert.find_elements(By.TAG_NAME, "td")[1].text == "OLDTX"
         assert "WARNLONGTRANS 01:00:00" in alert.text and "skiptrans or forcetrans OLDTX" in alert.text
-        assert driver.find_elements(By.CSS_SELECTOR, "svg.lag polyline"), "a lag chart per group with runs"
         assert "Required SCN" in driver.find_element(By.ID, "retention-table").text
+        assert "EXTRACT EXT1" in driver.find_element(By.ID, "stats-table").text
+        assert driver.find_element(By.CSS_SELECTOR, "#discards [data-group='REP1']").text == "REPLICAT REP1: none"
+        assert "no heartbeat yet" in driver.find_element(By.ID, "heartbeat").text
+        resolved = "return new URL(arguments[0].getAttribute('href'), document.baseURI).href"
+        assert driver.execute_script(resolved, driver.find_element(By.ID, "control-dag")) == \
+            f"{airflow.url}/dags/control"
+
+        # The monitor's run for the interval ending T0+3h (a backfill run has that data
+        # interval; a manual one's ends now): capture has read only to T0+2h. Started once
+        # the UI has loaded: under load, the browser's first load of the UI and the task's
+        # start, each costly, must not starve the task's calls to the API server.
+        interval = (T0 + timedelta(hours=2, minutes=45)).isoformat()
+        world.airflow("backfill", "create", "--dag-id", "longtrans_ext1", "--from-date", interval,
+                      "--to-date", interval)
 
         # The sensor waits in the triggerer, polling every CHECKINTERVAL (3 s).
         wait_for(lambda: task_state(world, "longtrans_ext1") == "deferred", "the sensor to defer", logs)
@@ -210,34 +246,49 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
         assert "checking every 3.0s" in trigger_log(world)
         assert not (tmp_path / "pages.txt").exists(), "no alert before capture has read past the interval"
 
-        # A capture run reads two more hours of log: the lag the view shows moves, and the
-        # trigger finds OLDTX open for almost four hours.
+        # A capture run reads two more hours of log: the page refreshes itself (no reload)
+        # with the lag that moved, and the trigger finds OLDTX open for almost four hours.
         archive.segment(1, [ins(7300, "B", 3), rec(7310, "B", "COMMIT")], 14400)
         assert cli.main(["--config", str(config_path), "extract", "run", "EXT1", "--airflow-run", "capture_ext1",
                          second_run]) == 0
-        driver.refresh()
-        wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
-        moved = group_row(driver, "EXT1")
-        assert moved["lag"] != ext1["lag"] and moved["checkpoint"] != ext1["checkpoint"]
-        # Each point of EXT1's lag chart links to its own DAG run, not all to the last one.
-        [chart] = [f for f in driver.find_elements(By.CSS_SELECTOR, "#lag ~ .grid figure")
-                   if f.find_element(By.TAG_NAME, "figcaption").text == "EXTRACT EXT1"]
-        links = [a.get_dom_attribute("href") for a in chart.find_elements(By.CSS_SELECTOR, "svg a")]
-        assert len(links) == 2 == len(set(links)), links
-        assert links[0].endswith("/dags/capture_ext1/runs/scheduled__2026-11-01T02%3A00%3A00%2B00%3A00"), links
-        assert links[1].endswith("/dags/capture_ext1/runs/scheduled__2026-11-01T04%3A00%3A00%2B00%3A00"), links
-        artifact = REPO / "var" / "artifacts" / "console-view.png"
-        artifact.parent.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(artifact))
-        print(f"screenshot of the view: {artifact}")
+        moved = wait_for(lambda: (row := group_row(driver, "EXT1"))["checkpoint"] != ext1["checkpoint"] and row,
+                         "the page to refresh itself", logs, seconds=60)
+        assert moved["lag"] != ext1["lag"]
 
-        # The navigation entry: the view inside the Airflow UI (an iframe of the same page).
-        driver.get(f"{airflow.url}/plugin/trailbound")
-        frame = wait.until(until.presence_of_element_located((By.CSS_SELECTOR, "iframe[src*='trailbound']")))
-        driver.switch_to.frame(frame)
-        wait.until(until.presence_of_element_located((By.ID, "info-all-table")))
-        assert group_row(driver, "REP1")["status"] == "ABENDED"
-        driver.switch_to.default_content()
+        # Lag per hop: EXT1's chart, with both axes titled, tick labels beside (not over)
+        # the axes, and each point linking to its own DAG run, which its tooltip names.
+        lag = chart(driver, "lag-charts", "EXT1")
+        titles = [t.text for t in lag.find_elements(By.CSS_SELECTOR, ".tb-axis-title")]
+        assert titles[0] == "lag at checkpoint" and titles[1].startswith("commit time (UTC"), titles
+        axis = lag.find_element(By.CSS_SELECTOR, "svg > line").rect   # the y axis, as tall as the plot
+        y_ticks = lag.find_elements(By.CSS_SELECTOR, ".tb-y-tick")
+        x_ticks = lag.find_elements(By.CSS_SELECTOR, ".tb-x-tick")
+        assert len(y_ticks) >= 2 and y_ticks[0].text == "0" and len(x_ticks) >= 2, [t.text for t in y_ticks]
+        assert all(t.rect["x"] + t.rect["width"] <= axis["x"] for t in y_ticks), "y labels left of the y axis"
+        assert all(t.rect["y"] >= axis["y"] + axis["height"] for t in x_ticks), "x labels below the x axis"
+        links = lag.find_elements(By.CSS_SELECTOR, "svg a.tb-run")
+        hrefs = [driver.execute_script(resolved, a) for a in links]
+        assert hrefs == [f"{airflow.url}/dags/capture_ext1/runs/scheduled__2026-11-01T02%3A00%3A00%2B00%3A00",
+                         f"{airflow.url}/dags/capture_ext1/runs/scheduled__2026-11-01T04%3A00%3A00%2B00%3A00"], hrefs
+        ActionChains(driver).move_to_element(links[1].find_element(By.TAG_NAME, "circle")).perform()
+        tooltip = wait.until(until.visibility_of_element_located((By.CSS_SELECTOR, "#lag-charts .tb-tooltip")))
+        assert " UTC: lag " in tooltip.text and tooltip.text.endswith(f", DAG run capture_ext1 {second_run}"), \
+            tooltip.text
+        throughput = chart(driver, "throughput-charts", "EXT1")
+        assert len(throughput.find_elements(By.CSS_SELECTOR, "svg circle")) == 2
+        assert "records per second" in throughput.text and "last run" in throughput.text
+        keep_screenshot(driver, tmp_path, f"console-{WIDE[0]}x{WIDE[1]}.png")
+
+        # A narrow window: the page reflows; tables scroll in their own box, nothing
+        # widens the page.
+        driver.set_window_size(*NARROW)
+        wait.until(lambda d: d.execute_script("return window.innerWidth") <= NARROW[0])
+        wait.until(lambda d: chart(d, "lag-charts", "EXT1").find_element(By.TAG_NAME, "svg").rect["width"] < 400)
+        widths = driver.execute_script("const c = document.getElementById('trailbound-console'); return "
+                                       "[document.documentElement.scrollWidth, window.innerWidth, c.scrollWidth, "
+                                       "c.clientWidth]")
+        assert widths[0] <= widths[1] and widths[2] <= widths[3], widths
+        keep_screenshot(driver, tmp_path, f"console-{NARROW[0]}x{NARROW[1]}.png")
 
         wait_for(lambda: task_state(world, "longtrans_ext1") == "failed", "the monitor to alert", logs)
         page = (tmp_path / "pages.txt").read_text()
@@ -245,6 +296,11 @@ def test_an_operator_reads_the_view_in_a_browser_and_the_deferred_monitor_alerts
                          "start position 1:1:0", "trailbound send extract EXT1 skiptrans OLDTX --thread 1",
                          "trailbound send extract EXT1 forcetrans OLDTX --thread 1", "SKIPTRANS OLDTX", "FORCETRANS"):
             assert expected in page, page
+
+        # A point's link opens its DAG run in the UI.
+        driver.set_window_size(*WIDE)
+        chart(driver, "lag-charts", "EXT1").find_elements(By.CSS_SELECTOR, "svg a.tb-run circle")[0].click()
+        wait.until(until.url_contains("/dags/capture_ext1/runs/scheduled__2026-11-01T02"))
     finally:
         driver.quit()
         airflow.stop()

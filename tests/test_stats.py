@@ -18,7 +18,7 @@ from pump_kit import load as load_pump_config
 from replicat_kit import write_config
 from trailbound import cli
 from trailbound import config as configuration
-from trailbound import runlog
+from trailbound import runlog, status
 from trailbound.archive.segments import load_defs
 from trailbound.capture.run import run_extract
 from trailbound.pump.run import run_pump
@@ -156,6 +156,10 @@ def test_stats_lag_report_status_and_metrics_say_what_capture_and_replicat_did(
     assert re.search(r"shop\.orders\s+shop\.orders\s+2\s+0\s+0\s+0\s+0\s+1$", out, re.M), out
     out = trailbound(capsys, *base, "view", "report", "REP1", "--run", str(runs[-1].run_id))
     assert "applied 3 transactions (9 operations)" in out
+    # The console's throughput per run: the operations each run applied, per second of its wall time.
+    points = status.lag_history(store, "replicat", "REP1")
+    assert [p.records for p in points] == [9, 2] and all(p.seconds > 0 for p in points)
+    assert [p.records_per_second for p in points] == [p.records / p.seconds for p in points]
     assert re.search(r"hr\.salaries\s+hr\.salaries\s+2\s+1\s+0\s+1\s+0\s+0$", out, re.M), out
 
 

@@ -1,7 +1,7 @@
 """What an operator looks at first, as data: INFO ALL (every extract, pump and replicat
 with its status, lag at checkpoint and time since checkpoint), a capture's open
 transactions oldest first, and the lag history of a group. The CLI prints these; the
-Airflow view renders them. Nothing here prints or formats for a screen.
+console in Airflow shows them. Nothing here prints or formats for a screen.
 
 Two clocks, kept apart (and both UTC):
 - log time: when the source committed (or wrote) a record, from the redo archive;
@@ -72,6 +72,12 @@ class LagPoint:
     lag: timedelta
     airflow_dag_id: str | None = None   # the Airflow DAG run whose task committed it (None: the CLI)
     airflow_run_id: str | None = None
+    records: int | None = None          # records it wrote (extract, pump) or operations it applied (replicat)
+    seconds: float | None = None        # its wall time, start to commit: with records, its throughput
+
+    @property
+    def records_per_second(self) -> float | None:
+        return self.records / self.seconds if self.records is not None and self.seconds else None
 
 
 def _now(now: datetime | None) -> datetime:
@@ -186,29 +192,32 @@ def open_transactions(store: MetadataStore, config: Config, group: str) -> list[
 
 
 def lag_history(store: MetadataStore, program: str, group: str, limit: int = 200) -> list[LagPoint]:
-    """Lag at checkpoint of a group's last committed runs, oldest first (from the stage's
-    history table: extract_run's read time, replicat's applied CSN, pump's shipped CSN),
-    each with the Airflow DAG run that committed it, when a task did (runlog.committed_by)."""
+    """Lag at checkpoint and throughput of a group's last committed runs, oldest first
+    (from the stage's history table: extract_run's read time, replicat's applied CSN,
+    pump's shipped CSN), each with the Airflow DAG run that committed it, when a task did (runlog.committed_by)."""
     name = group.upper()
-    points = []
     with store.transaction() as cur:
         if program == "extract":
-            cur.execute("SELECT ended_at, read_time FROM trailbound.extract_run WHERE group_name = %s"
-                        " AND read_time IS NOT NULL ORDER BY run_id DESC LIMIT %s", (name, limit))
-            points = [(r["ended_at"], r["read_time"]) for r in cur.fetchall()]
+            cur.execute("SELECT started_at, ended_at, records_written AS records, read_time FROM trailbound.extract_run"
+                        " WHERE group_name = %s AND read_time IS NOT NULL ORDER BY run_id DESC LIMIT %s", (name, limit))
+            rows = [(r, r["read_time"]) for r in cur.fetchall()]
         elif program in ("replicat", "pump"):
-            query = ("SELECT ended_at, log_csn AS csn FROM trailbound.replicat_run WHERE group_name = %s"
-                     " AND log_csn IS NOT NULL ORDER BY run_id DESC LIMIT %s") if program == "replicat" else \
-                    ("SELECT ended_at, checkpoints->>'last_csn' AS csn FROM trailbound.pump_run"
-                     " WHERE group_name = %s ORDER BY run_id DESC LIMIT %s")
+            query = ("SELECT started_at, ended_at, operations AS records, log_csn AS csn FROM trailbound.replicat_run"
+                     " WHERE group_name = %s AND log_csn IS NOT NULL ORDER BY run_id DESC LIMIT %s") \
+                if program == "replicat" else \
+                ("SELECT started_at, ended_at, records_written AS records, checkpoints->>'last_csn' AS csn"
+                 " FROM trailbound.pump_run WHERE group_name = %s ORDER BY run_id DESC LIMIT %s")
             cur.execute(query, (name, limit))
-            points = [(r["ended_at"], commit_time(cur, Csn.parse(r["csn"])) if r["csn"] else None)
-                      for r in cur.fetchall()]
+            rows = [(r, commit_time(cur, Csn.parse(r["csn"])) if r["csn"] else None) for r in cur.fetchall()]
+        else:
+            rows = []
         found = []
-        for at, log_time in reversed(points):
+        for row, log_time in reversed(rows):
             if log_time is None:
                 continue
+            at = row["ended_at"]
             run = runlog.committed_by(cur, program, name, at)
-            found.append(LagPoint(at, _lag(at, log_time), run and run.airflow_dag_id, run and run.airflow_run_id))
+            found.append(LagPoint(at, _lag(at, log_time), run and run.airflow_dag_id, run and run.airflow_run_id,
+                                  row["records"], (at - row["started_at"]).total_seconds()))
     return found
 

@@ -1,42 +1,45 @@
 """The trailbound console inside the Airflow UI: what a GoldenGate operator looks at first.
 
-A FastAPI app (mounted by the plugin under /trailbound, shown in the navigation as an
-external view) with one page and its JSON twin:
+A FastAPI app (mounted by the plugin under /trailbound) that feeds the console page, a
+React app of Airflow's UI (console.js, shown under Browse -> Trailbound at
+/plugin/trailbound):
 
-    GET /trailbound/               the page: INFO ALL, each group's checkpoints (and the
-                                   replicat's checkpoint table row), open transactions
-                                   oldest first with age and BR state (alert rows past
-                                   WARNLONGTRANS), each source's retention, a lag chart
-                                   per group, links to the DAG runs and the control DAG
-    GET /trailbound/api/info-all   INFO ALL as JSON
-    GET /trailbound/metrics        Prometheus text (trailbound.metrics): lag per group,
-                                   runs, operations, open transactions, slot lag
+    GET /trailbound/static/console.js   the React app the UI imports
+    GET /trailbound/api/console         the page's data: INFO ALL, each group's runs (lag
+                                        at checkpoint, throughput, the DAG run that
+                                        committed each), STATS per table, discards,
+                                        SHOWCH; open transactions with BR state; each
+                                        source's retention and slot lag; heartbeat lag
+    GET /trailbound/api/info-all        INFO ALL as JSON
+    GET /trailbound/metrics             Prometheus text (trailbound.metrics)
+    GET /trailbound/                    sends to the page in the UI
 
 It reads state and never acts: actions go through the control DAG, so every one has a
-run, a log and an owner. Every endpoint checks the user through Airflow's auth manager
-(the API server's JWT, from the UI's cookie or a bearer header): an unauthenticated page
-request is sent to the login page, an API request gets 401. `/metrics` also takes the
-token in the API server's TRAILBOUND_METRICS_TOKEN variable (`Authorization: Bearer
-TOKEN`), for a Prometheus that cannot renew Airflow's short-lived JWTs. Database reads run in a
-worker thread, off the event loop. Links are relative, so the view works under a proxy's
+run, a log and an owner. Every endpoint but the redirect checks the user through
+Airflow's auth manager (the API server's JWT, from the UI's cookie or a bearer header):
+401 without one. `/metrics` also takes the token in the API server's
+TRAILBOUND_METRICS_TOKEN variable (`Authorization: Bearer TOKEN`), for a Prometheus that
+cannot renew Airflow's short-lived JWTs. Database reads run in a worker thread, off the
+event loop. Links are relative to the UI's base URL, so the page works under a proxy's
 base path. Times are UTC and say so.
 """
 
 from __future__ import annotations
 
 import hmac
-import html
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 URL_PREFIX = "/trailbound"
+BUNDLE = Path(__file__).with_name("console.js")
 
 
 # ---------------------------------------------------------------- authentication
@@ -87,11 +90,16 @@ class Snapshot:
     dags: dict = field(default_factory=dict)            # (program, group) -> dag ids behind it
     warnlongtrans: dict = field(default_factory=dict)   # extract -> its WARNLONGTRANS
     sources: list = field(default_factory=list)         # live PostgreSQL sources: SlotLag, or (source, error)
+    stats: dict = field(default_factory=dict)           # (program, group) -> [trailbound.stats.TableStats], total
+    # End-to-end lag from the heartbeat table, once it exists: [{"path": ..., "lag_seconds":
+    # ..., "at": ...}] (None: no heartbeat yet; the page keeps its panel and says so).
+    heartbeat: list | None = None
 
 
 def run_href(dag_id: str, run_id: str) -> str:
-    """The Airflow UI's page of one DAG run (relative, like every link of the view)."""
-    return f"../dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+    """The Airflow UI's page of one DAG run, relative to the UI's base URL (the page's
+    <base href>), like every link of the console."""
+    return f"dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
 def read_slot_lags(hook) -> list:
@@ -152,6 +160,7 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
     (the API server's secrets backends hold the connections it finds first)."""
     from trailbound import status
     from trailbound.dagfiles import group_dag_ids
+    from trailbound.stats import table_stats
 
     from trailbound_airflow.hooks import TrailboundHook
 
@@ -166,6 +175,7 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
             if g.added:
                 snap.checkpoints[key] = _describe(store, config, g.program, g.group)
             snap.lags[key] = status.lag_history(store, g.program, g.group)
+            snap.stats[key] = table_stats(store, g.program, g.group)
             snap.dags[key] = group_dag_ids(g.program, g.group)
             if g.program == "extract" and g.group.upper() in {n.upper() for n in config.extracts}:
                 snap.warnlongtrans[g.group] = config.extract(g.group).warnlongtrans.duration
@@ -203,155 +213,11 @@ def read_metrics(config_path: str | None = None) -> str:
         return metrics.render(store, hook.config, slot_lags=slots)
 
 
-# ---------------------------------------------------------------- the page
-
-def _utc(value: datetime | None) -> str:
-    return "" if value is None else f"{value.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-
-
-def _hms(value: timedelta | None) -> str:
-    if value is None:
-        return ""
-    seconds = max(0, int(value.total_seconds()))
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def lag_chart(points, width: int = 420, height: int = 120) -> str:
-    """Lag at checkpoint over the group's runs, as inline SVG (no script, no CDN); each
-    point links to the DAG run that committed it, when one did: the run id its task
-    recorded with the run (trailbound.runlog), not a guess from time windows."""
-    if not points:
-        return '<p class="muted">no committed run yet</p>'
-    pad = 34
-    seconds = [p.lag.total_seconds() for p in points]
-    top = max(max(seconds), 1.0)
-    t0, t1 = points[0].at, points[-1].at
-    span = max((t1 - t0).total_seconds(), 1.0)
-
-    def xy(p) -> str:
-        x = pad + (width - 2 * pad) * ((p.at - t0).total_seconds() / span if len(points) > 1 else 0.5)
-        y = height - pad + (pad * 2 - height) * (p.lag.total_seconds() / top)
-        return f"{x:.1f},{y:.1f}"
-
-    def dot(p) -> str:
-        x, y = xy(p).split(",")
-        run = p.airflow_run_id is not None and p.airflow_dag_id is not None
-        title = f"{_utc(p.at)}: lag {_hms(p.lag)}" + (f", DAG run {p.airflow_dag_id} {p.airflow_run_id}" if run
-                                                      else ", a run from the command line")
-        circle = f'<circle cx="{x}" cy="{y}" r="{3.5 if run else 2.5}"><title>{html.escape(title)}</title></circle>'
-        if not run:
-            return circle
-        return f'<a href="{html.escape(run_href(p.airflow_dag_id, p.airflow_run_id))}" class="run">{circle}</a>'
-
-    dots = "".join(dot(p) for p in points)
-    return (f'<svg class="lag" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-            f'aria-label="lag at checkpoint per run">'
-            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" class="axis"/>'
-            f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" class="axis"/>'
-            f'<polyline points="{" ".join(xy(p) for p in points)}" class="line"/>{dots}'
-            f'<text x="2" y="{pad + 4}">{_hms(timedelta(seconds=top))}</text>'
-            f'<text x="2" y="{height - pad}">0</text>'
-            f'<text x="{pad}" y="{height - 8}">{_utc(t0)}</text>'
-            f'<text x="{width - pad}" y="{height - 8}" text-anchor="end">{_utc(t1)[11:]}</text></svg>')
-
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.2rem; color: #1b1f24; }
-h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 1.6rem; }
-table { border-collapse: collapse; margin: .4rem 0; } td, th { border: 1px solid #ccd; padding: .25rem .5rem;
-  text-align: left; font-variant-numeric: tabular-nums; }
-th { background: #eef1f6; } .ABENDED { background: #fde2e1; font-weight: bold; } .RUNNING { background: #e3f6e4; }
-tr.alert td { background: #fff0c2; } .muted { color: #667; } pre { background: #f6f8fa; padding: .5rem;
-  overflow-x: auto; font-size: .8rem; } svg.lag { background: #fafbfd; border: 1px solid #dde; }
-svg .axis { stroke: #99a; } svg .line { fill: none; stroke: #1f6feb; stroke-width: 2; } svg circle { fill: #1f6feb; }
-svg text { font-size: 9px; fill: #556; } .grid { display: flex; flex-wrap: wrap; gap: 1rem; }
-"""
-
-
-def render(snap: Snapshot) -> str:
-    e = html.escape
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>trailbound console</title>"
-           f"<meta http-equiv='refresh' content='60'><style>{_STYLE}</style></head><body>",
-           f"<h1>trailbound console</h1><p class='muted'>As of {_utc(snap.now)}. Read-only: act through the "
-           f"<a href='../dags/control'>control DAG</a> (Trigger, then its form: skiptrans, forcetrans, alter ...). "
-           f"<a href='api/info-all'>INFO ALL as JSON</a>.</p>",
-           "<h2 id='info-all'>INFO ALL</h2><table id='info-all-table'><tr><th>Program</th><th>Status</th>"
-           "<th>Group</th><th>Lag at Chkpt</th><th>Time Since Chkpt</th><th>Last checkpoint</th><th>Last error</th>"
-           "<th>DAG runs</th></tr>"]
-    for g in snap.groups:
-        links = " ".join(f"<a href='../dags/{e(d)}/runs'>{e(d)}</a>" for d in snap.dags.get((g.program, g.group), []))
-        error = f"{_utc(g.error_time)}: {e(g.error)}" if g.error else ""
-        out.append(f"<tr class='group {g.status}' data-group='{e(g.group)}'><td>{g.program.upper()}</td>"
-                   f"<td class='status'>{g.status}</td><td>{e(g.group)}"
-                   f"{'' if g.configured else ' <span class=muted>(not in this configuration)</span>'}</td>"
-                   f"<td class='lag'>{_hms(g.lag)}</td>"
-                   f"<td>{_hms(g.since_checkpoint)}</td><td>{_utc(g.checkpoint_time) or 'not added yet'}</td>"
-                   f"<td class='error'>{error}</td><td>{links}</td></tr>")
-    out.append("</table><p class='muted'>Lag at Chkpt: the checkpoint's wall time minus the log time of the last "
-               "record it covers. Time Since Chkpt: now minus the checkpoint's wall time. Ages of open "
-               "transactions are log time.</p>")
-
-    out.append("<h2 id='transactions'>Open transactions (oldest first)</h2>")
-    if snap.transactions:
-        out.append("<table id='transactions-table'><tr><th>Group</th><th>XID</th><th>Thread</th><th>Start position"
-                   "</th><th>Start SCN</th><th>Started (log time)</th><th>Age</th><th>Records</th><th>BR state</th>"
-                   "<th>Alert</th></tr>")
-        for t in snap.transactions:
-            alert = (f"open longer than WARNLONGTRANS {_hms(snap.warnlongtrans.get(t.group))}: "
-                     f"control DAG skiptrans or forcetrans {e(t.xid)}") if t.long_running else ""
-            out.append(f"<tr class='txn{' alert' if t.long_running else ''}'><td>{e(t.group)}</td><td>{e(t.xid)}</td>"
-                       f"<td>{t.thread}</td><td>{e(t.start_position)}</td><td>{t.start_scn}</td>"
-                       f"<td>{_utc(t.start_time)}</td><td>{_hms(t.age)}</td><td>{t.records}</td>"
-                       f"<td>{e(t.br_state)}</td><td>{alert}</td></tr>")
-        out.append("</table>")
-    else:
-        out.append("<p class='muted'>none</p>")
-
-    if snap.sources:
-        out.append("<h2 id='sources'>Live sources: slot lag</h2><table id='sources-table'><tr><th>Source</th>"
-                   "<th>Slot</th><th>Confirmed LSN</th><th>Server WAL</th><th>Not yet archived</th>"
-                   "<th>WAL held</th><th>Archive behind the server's clock</th><th>Open streamed transactions</th>"
-                   "</tr>")
-        for lag in snap.sources:
-            if isinstance(lag, tuple):
-                out.append(f"<tr class='source'><td>{e(lag[0])}</td><td colspan='7'>not available: {e(lag[1])}</td>"
-                           "</tr>")
-            elif not lag.exists:
-                out.append(f"<tr class='source alert'><td>{e(lag.source)}</td><td>{e(lag.slot)}</td>"
-                           f"<td colspan='6'>slot missing: trailbound add source {e(lag.source)}</td></tr>")
-            else:
-                behind = f"{lag.behind_seconds:.0f} s" if lag.behind_seconds is not None else "no segment yet"
-                out.append(f"<tr class='source'><td>{e(lag.source)}</td><td>{e(lag.slot)}</td><td>{e(lag.confirmed)}"
-                           f"</td><td>{e(lag.current)}</td><td class='lag'>{lag.lag_bytes} bytes</td>"
-                           f"<td>{lag.held_bytes} bytes</td><td>{behind}</td><td>{len(lag.open_streamed)}</td></tr>")
-        out.append("</table><p class='muted'>Not yet archived: WAL the slot has not confirmed (the next pull's "
-                   "work). WAL held: what the slot keeps on the source's disk. A forgotten slot holds WAL forever: "
-                   "trailbound delete source.</p>")
-
-    out.append("<h2 id='retention'>Archive-log retention</h2><table id='retention-table'><tr><th>Source</th>"
-               "<th>Required SCN</th><th>Registrations</th><th>Purgeable now</th><th>Kept</th><th>Warning</th></tr>")
-    for r in snap.retention:
-        if "error" in r:
-            out.append(f"<tr><td colspan='6'>not available: {e(r['error'])}</td></tr>")
-            continue
-        out.append(f"<tr><td>{e(r['source'])}</td><td>{r['required_scn'] if r['required_scn'] is not None else 'none'}"
-                   f"</td><td>{e('; '.join(r['registrations']) or 'none')}</td><td>{r['purgeable']} segment(s), "
-                   f"{r['purgeable_bytes']} bytes: {e(r['purgeable_ranges'])}</td><td>{r['kept']}</td>"
-                   f"<td>{e(r['warning'] or '')}</td></tr>")
-    out.append("</table><p><a href='../dags/retention/runs'>retention DAG runs</a></p>")
-
-    out.append("<h2 id='lag'>Lag at checkpoint per run</h2><div class='grid'>")
-    for g in snap.groups:
-        out.append(f"<figure><figcaption>{g.program.upper()} {e(g.group)}</figcaption>"
-                   f"{lag_chart(snap.lags.get((g.program, g.group), []))}</figure>")
-    out.append("</div><h2 id='checkpoints'>Checkpoints</h2>")
-    for (program, group), text in snap.checkpoints.items():
-        out.append(f"<h3>INFO {program.upper()} {e(group)} SHOWCH</h3><pre>{e(text)}</pre>")
-    out.append("</body></html>")
-    return "".join(out)
-
+# ---------------------------------------------------------------- the page's data
 
 def _plain(value):
+    """JSON-ready: datetimes as ISO 8601 in UTC, durations in seconds, positions (SCNs)
+    in their text form."""
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).isoformat()
     if isinstance(value, timedelta):
@@ -360,7 +226,46 @@ def _plain(value):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    return value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _slot(lag) -> dict:
+    if isinstance(lag, tuple):
+        return {"source": lag[0], "error": lag[1]}
+    return {"source": lag.source, "slot": lag.slot, "exists": lag.exists, "confirmed": lag.confirmed,
+            "current": lag.current, "lag_bytes": lag.lag_bytes, "held_bytes": lag.held_bytes,
+            "behind_seconds": lag.behind_seconds, "open_streamed": len(lag.open_streamed)}
+
+
+def console_data(snap: Snapshot) -> dict:
+    """The page's JSON (GET /trailbound/api/console): one object per group with its INFO
+    ALL line, its runs (lag, throughput, the DAG run that committed each), its DAGs, STATS
+    per table and SHOWCH report; the open transactions, slot lags and retention."""
+    groups = []
+    for g in snap.groups:
+        key = (g.program, g.group)
+        tables = snap.stats.get(key, [])
+        groups.append({
+            **{k: v for k, v in asdict(g).items() if k != "last_run"},
+            "dags": [{"dag_id": d, "href": f"dags/{quote(d, safe='')}/runs"} for d in snap.dags.get(key, [])],
+            "runs": [{"at": p.at, "lag": p.lag, "records": p.records, "seconds": p.seconds,
+                      "records_per_second": p.records_per_second, "dag_id": p.airflow_dag_id,
+                      "run_id": p.airflow_run_id,
+                      "href": run_href(p.airflow_dag_id, p.airflow_run_id) if p.airflow_run_id else None}
+                     for p in snap.lags.get(key, [])],
+            "tables": [{"table": t.table, "target": t.target, **t.counts, "operations": t.operations}
+                       for t in tables],
+            "discards": sum(t.counts.get("discards", 0) for t in tables),
+            "checkpoint_report": snap.checkpoints.get(key)})
+    transactions = [{**asdict(t), "start_scn": t.start_scn,
+                     "warnlongtrans": snap.warnlongtrans.get(t.group)} for t in snap.transactions]
+    return _plain({"as_of": snap.now, "groups": groups, "transactions": transactions,
+                   "sources": [_slot(lag) for lag in snap.sources], "retention": snap.retention,
+                   "heartbeat": snap.heartbeat,
+                   "links": {"control": "dags/control", "retention": "dags/retention/runs",
+                             "metrics": f"{URL_PREFIX.lstrip('/')}/metrics"}})
 
 
 # ---------------------------------------------------------------- the app
@@ -368,19 +273,19 @@ def _plain(value):
 def create_app() -> FastAPI:
     app = FastAPI(title="trailbound console", description=__doc__, docs_url=None, redoc_url=None)
 
-    @app.exception_handler(HTTPException)
-    async def to_login(request: Request, exc: HTTPException):
-        """A page request without a valid session goes to Airflow's login, and back."""
-        if exc.status_code == 401 and not request.url.path.rstrip("/").endswith(("/api/info-all", "/metrics")):
-            from airflow.api_fastapi.app import get_auth_manager
+    @app.get("/")
+    async def page() -> RedirectResponse:
+        """The console is a page of Airflow's UI now (the plugin's React app): old links land there."""
+        return RedirectResponse("../plugin/trailbound")
 
-            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+    @app.get("/static/console.js")
+    async def bundle(user: User) -> FileResponse:
+        """The React app Airflow's UI imports (no build step: plain JavaScript on the UI's React)."""
+        return FileResponse(BUNDLE, media_type="text/javascript", headers={"Cache-Control": "no-cache"})
 
-    @app.get("/", response_class=HTMLResponse)
-    async def page(user: User) -> HTMLResponse:
-        snap = await run_in_threadpool(read_snapshot)
-        return HTMLResponse(render(snap))
+    @app.get("/api/console")
+    async def console(user: User) -> JSONResponse:
+        return JSONResponse(console_data(await run_in_threadpool(read_snapshot)))
 
     @app.get("/api/info-all")
     async def info_all(user: User) -> JSONResponse:
