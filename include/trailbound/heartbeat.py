@@ -147,14 +147,31 @@ def latest(cur, group: str | None = None) -> list[Beat]:
     return [_beat(row) for row in cur.fetchall()]
 
 
-def history(cur, group: str | None = None, since: datetime | None = None, limit: int = 500) -> list[Beat]:
-    """Heartbeats applied, oldest first: the last `limit` (of `group`, since `since`)."""
+def history(cur, group: str | None = None, since: datetime | None = None, limit: int = 500,
+            source: str | None = None) -> list[Beat]:
+    """Heartbeats applied, oldest first: the last `limit` (of `group`, of `source`, since
+    `since`)."""
     cur.execute("SELECT * FROM (SELECT * FROM trailbound.heartbeat_history"
                 " WHERE (%(group)s::text IS NULL OR group_name = %(group)s)"
+                " AND (%(source)s::text IS NULL OR source = %(source)s)"
                 " AND (%(since)s::timestamptz IS NULL OR applied_at >= %(since)s)"
                 " ORDER BY applied_at DESC NULLS LAST LIMIT %(limit)s) h ORDER BY applied_at",
-                {"group": group, "since": since, "limit": limit})
+                {"group": group, "since": since, "limit": limit, "source": source})
     return [_beat(row) for row in cur.fetchall()]
+
+
+def snapshot(cur, now: datetime, limit: int = 200) -> dict:
+    """The heartbeats as JSON-ready data (the console's `/trailbound/api/heartbeat`):
+    `latest`, each replicat's last beat per source with its lags and `age_seconds`, and
+    `history`, "GROUP/SOURCE" -> its last `limit` beats, oldest first."""
+    beats = latest(cur)
+    found = {"as_of": time_text(now), "hops": list(HOPS), "latest": [], "history": {}}
+    for beat in beats:
+        age = (now - beat.applied_at).total_seconds() if beat.applied_at else None
+        found["latest"].append(beat.as_json() | {"age_seconds": age})
+        found["history"][f"{beat.group}/{beat.source}"] = [
+            b.as_json() for b in history(cur, beat.group, limit=limit, source=beat.source)]
+    return found
 
 
 def describe(beat: Beat, now: datetime) -> str:

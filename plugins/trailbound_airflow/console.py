@@ -9,6 +9,9 @@ external view) with one page and its JSON twin:
                                    WARNLONGTRANS), each source's retention, a lag chart
                                    per group, links to the DAG runs and the control DAG
     GET /trailbound/api/info-all   INFO ALL as JSON
+    GET /trailbound/api/heartbeat  each replicat's heartbeats as JSON (trailbound.heartbeat.snapshot):
+                                   the last per source with its lag per hop and end to end, and
+                                   the history (lag over time)
     GET /trailbound/metrics        Prometheus text (trailbound.metrics): lag per group,
                                    runs, operations, open transactions, slot lag
 
@@ -188,6 +191,16 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
     snap.sources = read_slot_lags(hook)
     snap.transactions.sort(key=lambda t: (t.start_time, t.start_scn))
     return snap
+
+
+def read_heartbeats(config_path: str | None = None) -> dict:
+    """Blocking: the heartbeats' JSON (trailbound.heartbeat.snapshot), from the metadata store."""
+    from trailbound import heartbeat
+
+    from trailbound_airflow.hooks import TrailboundHook
+
+    with TrailboundHook(config_path=config_path).store() as store, store.transaction() as cur:
+        return heartbeat.snapshot(cur, datetime.now(timezone.utc))
 
 
 def read_metrics(config_path: str | None = None) -> str:
@@ -371,7 +384,8 @@ def create_app() -> FastAPI:
     @app.exception_handler(HTTPException)
     async def to_login(request: Request, exc: HTTPException):
         """A page request without a valid session goes to Airflow's login, and back."""
-        if exc.status_code == 401 and not request.url.path.rstrip("/").endswith(("/api/info-all", "/metrics")):
+        if exc.status_code == 401 and not request.url.path.rstrip("/").endswith(("/api/info-all", "/api/heartbeat",
+                                                                                  "/metrics")):
             from airflow.api_fastapi.app import get_auth_manager
 
             return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
@@ -387,6 +401,10 @@ def create_app() -> FastAPI:
         snap = await run_in_threadpool(read_snapshot)
         groups = [{k: v for k, v in asdict(g).items() if k != "last_run"} for g in snap.groups]
         return JSONResponse(_plain({"as_of": snap.now, "groups": groups}))
+
+    @app.get("/api/heartbeat")
+    async def heartbeats(user: User) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(read_heartbeats))
 
     @app.get("/metrics")
     async def metrics(reader: Annotated[object, Depends(metrics_reader)]) -> Response:

@@ -16,7 +16,8 @@ def simulate(ctx: Context) -> int:
     truth = args.truth or Path(archive).parent / "truth.json"
     try:
         summary = simulator.simulate(Path(archive), Path(truth), seed=args.seed, records=args.records,
-                                     hours=args.hours, threads=args.threads, fmt=args.format)
+                                     hours=args.hours, threads=args.threads, fmt=args.format,
+                                     heartbeat_seconds=args.heartbeat_seconds, heartbeat_source=ctx.source_name())
     except FileExistsError as exc:
         raise TrailboundError(f"{archive}: already holds an archive ({exc}); simulate writes into an empty "
                               "directory") from None
@@ -35,3 +36,5 @@ def arguments(verbs) -> None:
     sim.add_argument("--hours", type=float, default=48.0, help="log time covered")
     sim.add_argument("--threads", type=int, default=3)
     sim.add_argument("--format", choices=["parquet", "jsonl", "mixed"], default="mixed")
+    sim.add_argument("--heartbeat-seconds", type=float, metavar="S",
+                     help="write a heartbeat row every S seconds of log time (docs/heartbeat.md; default none)")

@@ -40,7 +40,7 @@ from trailbound.archive.contract import DEFS_FILE, FORMATS, SEGMENT_RE
 from trailbound.archive.writer import from_micros, write_defs
 from trailbound.durable import atomic_write
 from trailbound.sources.simulator.engine import TRUTH_FORMAT, Simulator
-from trailbound.sources.simulator.tables import SimTable, source_tables
+from trailbound.sources.simulator.tables import SimTable, heartbeat_table, source_tables
 from trailbound.sources.simulator.workload import Workload
 
 __all__ = ["DEFAULT_CLOSE_AT", "DEFAULT_QUIET_STRETCHES", "SIMULATOR_FORMATS", "TRUTH_FORMAT", "SimTable",
@@ -102,6 +102,8 @@ def simulate(
     close_last_thread_at: float | None = DEFAULT_CLOSE_AT,
     hostile_xid_rate: float = 0.01,
     rollback_rate: float = 0.04,
+    heartbeat_seconds: float | None = None,
+    heartbeat_source: str = "SIM",
 ) -> SimulationSummary:
     """Write a simulated redo archive (segments and defs.json) into `archive_dir` and the
     state a replica must reach into `truth_path`.
@@ -111,7 +113,10 @@ def simulate(
     segments) and stops for good at `close_last_thread_at` (None: never). fmt: "parquet",
     "jsonl" or "mixed" (alternating per segment). Segments switch every `segment_minutes`
     of log time, and also after `segment_records` records if given. concurrency: open
-    short transactions per thread. Deterministic: the same arguments write the same bytes.
+    short transactions per thread. heartbeat_seconds: a heartbeat row of source
+    `heartbeat_source` every that many seconds of log time (trailbound/heartbeat.py), in
+    `trailbound.trailbound_heartbeat` (None: none). Deterministic: the same arguments
+    write the same bytes.
     """
     if fmt not in SIMULATOR_FORMATS:
         raise ValueError(f"fmt must be one of {SIMULATOR_FORMATS}, not {fmt!r}")
@@ -137,9 +142,10 @@ def simulate(
             start=start, segment_minutes=segment_minutes, segment_records=segment_records,
             concurrency=concurrency, quiet_stretches=quiet_stretches,
             close_at=close_last_thread_at, hostile_xid_rate=hostile_xid_rate,
-            rollback_rate=rollback_rate,
+            rollback_rate=rollback_rate, heartbeat_seconds=heartbeat_seconds, heartbeat_source=heartbeat_source,
         )
-        write_defs(archive, [table.definition() for table in sim.tables])
+        tables = sim.tables + ([heartbeat_table()] if heartbeat_seconds else [])
+        write_defs(archive, [table.definition() for table in tables])
         sim.run()
         truth = sim.truth()
     finally:

@@ -17,7 +17,7 @@ from trailbound.archive.contract import FORMATS, data_name
 from trailbound.archive.writer import encode_json, from_micros, to_micros, write_segment_columns
 from trailbound.positions import Scn
 from trailbound.sources.simulator.pools import HOSTILE_XID_PATTERNS, SINGLE_HOSTILE_XIDS
-from trailbound.sources.simulator.tables import CARTS, MISSING, SimTable, source_tables
+from trailbound.sources.simulator.tables import CARTS, HEARTBEAT, MISSING, SimTable, source_tables
 from trailbound.sources.simulator.workload import HANDOFF_TIMES, LONG_STORIES, TRUNCATE_TIMES, Workload
 
 TRUTH_FORMAT = 1
@@ -78,7 +78,8 @@ class Simulator:
     def __init__(self, archive_dir: Path, *, seed: int, records: int, hours: float, threads: int,
                  fmt: str, start: datetime, segment_minutes: float, segment_records: int | None,
                  concurrency: int, quiet_stretches, close_at: float | None,
-                 hostile_xid_rate: float, rollback_rate: float):
+                 hostile_xid_rate: float, rollback_rate: float, heartbeat_seconds: float | None = None,
+                 heartbeat_source: str = "SIM"):
         self.archive = archive_dir
         self.seed = seed
         self.rng = random.Random(seed)
@@ -92,6 +93,9 @@ class Simulator:
         self.concurrency = concurrency
         self.hostile_xid_rate = hostile_xid_rate
         self.rollback_rate = rollback_rate
+        # A heartbeat (trailbound/heartbeat.py) every heartbeat_seconds of log time, if any.
+        self.heartbeat_us = int(heartbeat_seconds * 1_000_000) if heartbeat_seconds else 0
+        self.heartbeat_source = heartbeat_source
 
         self.count = 0                 # records emitted so far
         self.scn = 999                 # last SCN handed out
@@ -180,6 +184,10 @@ class Simulator:
             for fraction in HANDOFF_TIMES:
                 self.schedule(self.at(fraction), self._handoff)
 
+        if self.heartbeat_us:
+            self.features["heartbeats"] = 0
+            self.schedule(self.start_us + self.heartbeat_us, self._heartbeat)
+
         self.schedule(1 << 62, lambda: None)  # sentinel: the heap is never empty
 
     def _start_long(self, story, thread: RedoThread, until: int | None, every: int, outcome: str) -> None:
@@ -220,6 +228,31 @@ class Simulator:
         self.end(second, commit=True)
         self.hold_scn = False
         self.features["handoffs"] += 1
+
+    def _heartbeat(self) -> None:
+        """The source's heartbeat row written in a transaction of its own (an INSERT the
+        first time, then UPDATEs), as the live source's pull writes it. Its archive stamp
+        is when its segment is due to close: when the simulated archiver hands it on."""
+        self.schedule(self.now_us() + self.heartbeat_us, self._heartbeat)
+        if self.total - self.count < 2:
+            return
+        ts = self.now_us()
+        if ts >= self.next_switch_us:
+            self._switch_segments(ts)  # the segment the row lands in, and when it closes
+        thread = self.busy_threads[0]
+        self.features["heartbeats"] += 1
+        seq = self.features["heartbeats"]
+        row = {"source": self.heartbeat_source, "seq": seq, "written_at": self.timestamptz_text(ts),
+               "archived_at": self.timestamptz_text(thread.boundary_us)}
+        self.xid_counter += 1  # (no random draw: the rest of the archive is the same with or without heartbeats)
+        xid = str(self.xid_counter)
+        after = encode_json(row)
+        if seq == 1:
+            self.emit(thread, xid, None, "INSERT", HEARTBEAT, None, after)
+        else:
+            self.emit(thread, xid, None, "UPDATE", HEARTBEAT, encode_json({"source": self.heartbeat_source}), after)
+        self.last_csn = self.emit(thread, xid, None, "COMMIT", None, None, None)
+        self.committed += 1
 
     def _set_accepting(self, thread: RedoThread, accepting: bool) -> None:
         thread.accepting = accepting
