@@ -1,0 +1,136 @@
+"""The heartbeat (docs/heartbeat.md) from the simulator's archive to the target, in
+process: capture on local Spark with a TABLE selection that does not name the heartbeat
+table, a pump whose TABLE filter does not name it either, replicat whose MAP (the
+identity) would select it. Every heartbeat the simulator wrote reaches the target's
+heartbeat tables with its five stamps, in order; each hop's lag is the difference of
+two stamps and they add up to the end-to-end lag; the stamps are the stages' own commit
+times; the metadata store's copy holds the same; `lag`, INFO ALL, the metrics and the
+console's JSON say it; the user tables still equal the truth."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from replicat_kit import differences, write_config
+from trailbound import cli
+from trailbound import config as configuration
+from trailbound import heartbeat, metrics
+from trailbound.archive.segments import load_defs
+from trailbound.capture.run import run_extract
+from trailbound.pump.run import run_pump
+from trailbound.replicat import target as tgt
+from trailbound.replicat.run import run_replicat
+from trailbound.sources.simulator import simulate
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+
+def _rows(dsn: str, query: str) -> list[dict]:
+    with psycopg2.connect(dsn) as connection, connection.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute(query)
+        rows = [dict(r) for r in cur.fetchall()]
+    connection.close()
+    return rows
+
+
+def _cli(capsys, config_path, *words) -> str:
+    capsys.readouterr()
+    assert cli.main(["--config", str(config_path), *words]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.long_running(120)
+def test_simulated_heartbeats_reach_the_target_with_every_stamp(tmp_path, spark, store, metadata_dsn, target_dsn,
+                                                                monkeypatch, capsys):
+    summary = simulate(tmp_path / "archive", tmp_path / "truth.json", records=1500, hours=2, seed=3, threads=2,
+                       segment_minutes=30, heartbeat_seconds=600, heartbeat_source="SRC")
+    sent = summary.features["heartbeats"]
+    assert sent >= 8
+    config_path = write_config(tmp_path, tables=("shop.*",), maps=[("shop.*", "shop.*"), ("*.*", "*.*")])
+    text = config_path.read_text().replace("replicats:\n  REP1:\n    exttrail: dirdat/lt",
+                                           "replicats:\n  REP1:\n    exttrail: remote/rt")
+    config_path.write_text(text + "pumps:\n  PMP1: {exttrail: dirdat/lt, rmttrail: remote/rt, table: [\"shop.*\"]}\n")
+    config = configuration.load(config_path)
+    defs = load_defs(config.archive_dir("SRC"))
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+        created = tgt.create_tables(cur, defs, config.replicat("REP1").map)
+    connection.close()
+    assert "trailbound.trailbound_heartbeat" not in {source for source, _, _ in created}
+
+    run_extract(spark, store, config, "EXT1")
+    run_pump(None, store, config, "PMP1")
+    applied = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert applied.transactions > sent
+
+    # the heartbeat table is never a user table on the target, whatever the MAP
+    assert _rows(target_dsn, "SELECT to_regclass('trailbound.trailbound_heartbeat') AS t") == [{"t": None}]
+    assert differences(target_dsn, {"tables": {n: t for n, t in _truth(tmp_path).items() if n.startswith("shop.")}}) == {}
+
+    latest = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat")
+    history = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat_history ORDER BY seq")
+    assert [(r["group_name"], r["source"], r["seq"]) for r in latest] == [("REP1", "SRC", sent)]
+    assert [r["seq"] for r in history] == list(range(1, sent + 1))
+    local = {r["seqno"]: r["created_at"] for r in _rows(metadata_dsn, "SELECT seqno, created_at FROM "
+                                                        "trailbound.trail_file WHERE trail LIKE '%/dirdat/lt'")}
+    remote = {r["seqno"]: r["created_at"] for r in _rows(metadata_dsn, "SELECT seqno, created_at FROM "
+                                                         "trailbound.trail_file WHERE trail LIKE '%/remote/rt'")}
+    for row in history:
+        stamps = [row[name] for name in heartbeat.STAMPS]
+        assert None not in stamps, row
+        assert stamps == sorted(stamps), row                      # written <= archived <= captured <= pumped <= applied
+        assert row["archived_at"] - row["written_at"] <= timedelta(minutes=30)  # its segment's close
+        assert row["captured_at"] in local.values() and row["pumped_at"] in remote.values()
+    assert latest[0] == history[-1]
+
+    # gg_lag's view: each hop between two stamps, the hops adding up to the end-to-end lag
+    (view,) = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat_lag")
+    last = history[-1]
+    assert float(view["incoming_lag"]) == pytest.approx((last["applied_at"] - last["written_at"]).total_seconds())
+    assert float(view["capture_lag"]) == pytest.approx((last["captured_at"] - last["archived_at"]).total_seconds())
+    assert sum(float(view[f"{hop}_lag"]) for hop in heartbeat.HOPS) == pytest.approx(float(view["incoming_lag"]))
+
+    # the metadata store's copy is the target's
+    assert _rows(metadata_dsn, "SELECT * FROM trailbound.heartbeat_history ORDER BY seq") == history
+    assert _rows(metadata_dsn, "SELECT * FROM trailbound.heartbeat") == latest
+
+    # what a user reads
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    total = (last["applied_at"] - last["written_at"]).total_seconds()
+    lag = _cli(capsys, config_path, "lag", "replicat", "REP1")
+    assert f"Heartbeat from SRC (seq {sent}" in lag and f"end-to-end lag {total:.1f} s" in lag
+    for hop in heartbeat.HOPS:
+        assert re.search(rf"\b{hop} -?[\d.]+ s\b", lag), lag
+    over_time = _cli(capsys, config_path, "lag")
+    assert over_time.count("\n  20") == min(sent, 10)              # the last ten heartbeats, one line each
+    assert f"REPLICAT REP1  Heartbeat from SRC (seq {sent}" in _cli(capsys, config_path, "info", "all")
+    text = metrics.render(store, config)
+    assert f'trailbound_heartbeat_lag_seconds{{group="REP1",source="SRC",hop="total"}} {round(total, 6)!r}' in text
+    with store.transaction() as cur:
+        data = heartbeat.snapshot(cur, last["applied_at"])
+    assert [b["seq"] for b in data["history"]["REP1/SRC"]] == list(range(1, sent + 1))
+    assert data["latest"][0]["lag_seconds"]["total"] == pytest.approx(total)
+
+
+def _truth(tmp_path) -> dict:
+    import json
+
+    return json.loads((tmp_path / "truth.json").read_text())["tables"]
+
+
+def test_a_heartbeat_table_is_always_captured_and_pumped_and_never_mapped():
+    """Whatever TABLE and MAP say: capture and pump keep it, replicat maps it nowhere."""
+    from trailbound.config import MapRule
+
+    chosen = heartbeat.selection(["shop.*"])
+    assert chosen.fullmatch("trailbound.trailbound_heartbeat") and chosen.fullmatch("ops.trailbound_heartbeat")
+    assert not chosen.fullmatch("hr.employees") and not chosen.fullmatch("hr.trailbound_heartbeats")
+    assert not heartbeat.is_heartbeat("a.b.trailbound_heartbeat") and not heartbeat.is_heartbeat("trailbound_heartbeat")
+    assert tgt.map_name(tgt.IDENTITY, "trailbound.trailbound_heartbeat") is None
+    assert tgt.map_name([MapRule(source="trailbound.*", target="copy.*")], "trailbound.trailbound_heartbeat") is None
+    assert tgt.map_name(tgt.IDENTITY, "hr.employees") == ("hr", "employees")
