@@ -16,6 +16,7 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
+from pg_source_kit import source_dsn, source_server  # noqa: F401 (fixtures)
 from replicat_kit import differences, write_config
 from trailbound import cli
 from trailbound import config as configuration
@@ -134,3 +135,62 @@ def test_a_heartbeat_table_is_always_captured_and_pumped_and_never_mapped():
     assert tgt.map_name(tgt.IDENTITY, "trailbound.trailbound_heartbeat") is None
     assert tgt.map_name([MapRule(source="trailbound.*", target="copy.*")], "trailbound.trailbound_heartbeat") is None
     assert tgt.map_name(tgt.IDENTITY, "hr.employees") == ("hr", "employees")
+
+
+# ---------------------------------------------------------------- a live PostgreSQL source
+
+@pytest.mark.long_running(90)
+def test_a_live_source_beats_every_pull_and_the_target_reads_its_lag(source_dsn, target_dsn, store, metadata_dsn,
+                                                                     spark, tmp_path, monkeypatch, capsys):
+    """Published tables idle, an unpublished one written heavily: each pull still
+    archives a change (the heartbeat) and the slot's confirmed position passes the busy
+    WAL; the heartbeats reach the target through capture, pump and replicat, and the
+    end-to-end lag is the target's applied time minus the source's write time."""
+    from pg_source_kit import SOURCE_ENV, execute, query, slot_confirmed
+    from pg_source_kit import write_config as live_config
+    from trailbound.archive.segments import discover
+    from trailbound.sources.postgres.admin import pull
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv(SOURCE_ENV, source_dsn)
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
+    execute(source_dsn, "CREATE TABLE public.pgbench_branches (bid int PRIMARY KEY, bbalance int)",
+            "INSERT INTO public.pgbench_branches VALUES (1, 0)",
+            "CREATE TABLE public.busy (id bigserial PRIMARY KEY, v text)")
+    config_path = live_config(tmp_path, tables=("public.pgbench_*",))
+    config = configuration.load(config_path)
+    _cli(capsys, config_path, "add", "source", "PG")
+    assert "trailbound.trailbound_heartbeat ready" in _cli(capsys, config_path, "add", "heartbeattable", "PG")
+
+    first = pull(config, "PG", patience=10)
+    assert first.published == ["trailbound.trailbound_heartbeat"]   # with its row, then the pull's beat
+    for _ in range(2):
+        execute(source_dsn, "INSERT INTO public.busy (v) SELECT repeat('x', 200) FROM generate_series(1, 20000)")
+        (busy_end,), = query(source_dsn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        result = pull(config, "PG", patience=10)
+        assert (result.changes, result.commits) == (1, 1), result.describe()
+        assert slot_confirmed(source_dsn) > busy_end
+    archive = config.archive_dir("PG")
+    beats = [r for s in discover(archive) for r in pq.read_table(s.path).to_pylist()
+             if r["table"] == "trailbound.trailbound_heartbeat"]
+    assert [(r["op"], heartbeat.Beat.from_image("", r["after"], "").seq) for r in beats] == \
+        [("INSERT", 1), ("UPDATE", 2), ("UPDATE", 3), ("UPDATE", 4)]
+    for r in beats:
+        beat = heartbeat.Beat.from_image("", r["after"], "")
+        assert beat.source == "PG" and timedelta(0) <= beat.archived_at - beat.written_at < timedelta(minutes=5)
+
+    _cli(capsys, config_path, "target", "create")
+    run_extract(spark, store, config, "EXT1")
+    run_pump(None, store, config, "PMP1")
+    run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    history = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat_history ORDER BY seq")
+    assert [(r["group_name"], r["source"], r["seq"]) for r in history] == [("REP1", "PG", n) for n in (1, 2, 3, 4)]
+    for row in history:
+        stamps = [row[name] for name in heartbeat.STAMPS]
+        assert None not in stamps and stamps == sorted(stamps), row
+    (view,) = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat_lag")
+    last = history[-1]
+    assert float(view["incoming_lag"]) == pytest.approx((last["applied_at"] - last["written_at"]).total_seconds())
+    assert 0 < float(view["incoming_lag"]) < 900
+    assert f"Heartbeat from PG (seq 4" in _cli(capsys, config_path, "lag", "replicat", "REP1")
