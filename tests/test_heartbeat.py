@@ -137,6 +137,42 @@ def test_a_heartbeat_table_is_always_captured_and_pumped_and_never_mapped():
     assert tgt.map_name(tgt.IDENTITY, "hr.employees") == ("hr", "employees")
 
 
+
+def test_the_console_serves_each_replicats_heartbeats_as_json(tmp_path, store, metadata_dsn, monkeypatch):
+    """/trailbound/api/heartbeat (the console's data, trailbound.heartbeat.snapshot): the
+    last beat per replicat and source with its lag per hop and end to end, and the
+    history oldest first; a beat recorded twice is one row."""
+    from datetime import UTC, datetime
+
+    from fastapi.testclient import TestClient
+
+    from trailbound_airflow import console
+
+    t0 = datetime(2026, 11, 27, 8, 0, tzinfo=UTC)
+
+    def beat(seq: int, start: datetime, pumped: bool = True) -> heartbeat.Beat:
+        seconds = lambda n: start + timedelta(seconds=n)  # noqa: E731
+        return heartbeat.Beat("REP1", "PG", seq, start, seconds(1), seconds(3), seconds(4) if pumped else None,
+                              seconds(6), f"{seq}@1:1:1")
+
+    with store.transaction() as cur:
+        heartbeat.record(cur, [beat(6, t0), beat(7, t0 + timedelta(minutes=1))])
+        heartbeat.record(cur, [beat(6, t0)])    # again: nothing changes
+    monkeypatch.setenv("TRAILBOUND_CONFIG", str(write_config(tmp_path)))
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", metadata_dsn)
+    app = console.create_app()
+    app.dependency_overrides[console.authorized_user] = lambda: "viewer"
+    body = TestClient(app).get("/api/heartbeat").json()
+    assert body["hops"] == ["archive", "capture", "pump", "replicat"]
+    [latest] = body["latest"]
+    assert (latest["group"], latest["source"], latest["seq"]) == ("REP1", "PG", 7)
+    assert latest["lag_seconds"] == {"archive": 1.0, "capture": 2.0, "pump": 1.0, "replicat": 2.0, "total": 6.0}
+    assert latest["applied_at"] == "2026-11-27T08:01:06+00:00" and latest["age_seconds"] > 0
+    assert [b["seq"] for b in body["history"]["REP1/PG"]] == [6, 7]
+    # without a pump, replicat's hop starts at capture's stamp
+    assert beat(8, t0, pumped=False).lags() == {"archive": 1.0, "capture": 2.0, "pump": None, "replicat": 3.0,
+                                                   "total": 6.0}
+
 # ---------------------------------------------------------------- a live PostgreSQL source
 
 @pytest.mark.long_running(90)
