@@ -171,7 +171,7 @@ def test_the_console_serves_each_replicats_heartbeats_as_json(tmp_path, store, m
     assert [b["seq"] for b in body["history"]["REP1/PG"]] == [6, 7]
     # without a pump, replicat's hop starts at capture's stamp
     assert beat(8, t0, pumped=False).lags() == {"archive": 1.0, "capture": 2.0, "pump": None, "replicat": 3.0,
-                                                   "total": 6.0}
+                                              "total": 6.0}
 
 # ---------------------------------------------------------------- a live PostgreSQL source
 

@@ -104,7 +104,11 @@ class Heartbeats:
                                                           view=self.tables["heartbeat_lag"])))
         for pending in beats:
             captured, pumped = self._file_stamps(store, pending.position.seqno)
-            pending.beat = pending.beat.stamped(captured_at=captured, pumped_at=pumped, applied_at=now)
+            # Stamped once: composed again (a replay after a rollback, or beside its own
+            # group on a parallel lane) it carries the same values, so the target and the
+            # metadata copy agree whichever transaction commits it.
+            pending.beat = pending.beat.stamped(captured_at=captured, pumped_at=pumped,
+                                                applied_at=pending.beat.applied_at or now)
             values = heartbeat.values(pending.beat)
             parts.append(cur.mogrify(sql.SQL(heartbeat.UPSERT_LATEST).format(table=self.tables["heartbeat"]), values))
             parts.append(cur.mogrify(sql.SQL(heartbeat.INSERT_HISTORY).format(table=self.tables["heartbeat_history"]),
