@@ -70,7 +70,8 @@ def test_simulated_heartbeats_reach_the_target_with_every_stamp(tmp_path, spark,
 
     # the heartbeat table is never a user table on the target, whatever the MAP
     assert _rows(target_dsn, "SELECT to_regclass('trailbound.trailbound_heartbeat') AS t") == [{"t": None}]
-    assert differences(target_dsn, {"tables": {n: t for n, t in _truth(tmp_path).items() if n.startswith("shop.")}}) == {}
+    shop = {name: table for name, table in _truth(tmp_path).items() if name.startswith("shop.")}
+    assert differences(target_dsn, {"tables": shop}) == {}
 
     latest = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat")
     history = _rows(target_dsn, "SELECT * FROM trailbound.heartbeat_history ORDER BY seq")
@@ -229,4 +230,4 @@ def test_a_live_source_beats_every_pull_and_the_target_reads_its_lag(source_dsn,
     last = history[-1]
     assert float(view["incoming_lag"]) == pytest.approx((last["applied_at"] - last["written_at"]).total_seconds())
     assert 0 < float(view["incoming_lag"]) < 900
-    assert f"Heartbeat from PG (seq 4" in _cli(capsys, config_path, "lag", "replicat", "REP1")
+    assert "Heartbeat from PG (seq 4" in _cli(capsys, config_path, "lag", "replicat", "REP1")

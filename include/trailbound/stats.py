@@ -217,7 +217,8 @@ def heartbeat_report(store: MetadataStore, *, now: datetime | None = None, histo
     lines = []
     for beat in beats:
         lines += [f"REPLICAT {beat.group}: {heartbeat.describe(beat, now)}",
-                  f"  {'applied (UTC)':<20} {'seq':>8} {'total':>10} " + " ".join(f"{hop:>10}" for hop in heartbeat.HOPS)]
+                  f"  {'applied (UTC)':<20} {'seq':>8} {'total':>10} "
+                  + " ".join(f"{hop:>10}" for hop in heartbeat.HOPS)]
         for old in recent[beat.group, beat.source]:
             lags = old.lags()
             lines.append(f"  {ggsci.utc(old.applied_at):<20} {old.seq:>8} {_lag_cell(lags['total'])} "
