@@ -136,7 +136,8 @@ def record(cur, beats: list[Beat]) -> None:
         cur.execute(INSERT_HISTORY.format(table="trailbound.heartbeat_history"), values(beat))
 
 
-def _beat(row: dict) -> Beat:
+def from_row(row: dict) -> Beat:
+    """A beat as the heartbeat tables hold it (the target's or the metadata store's)."""
     return Beat(row["group_name"], row["source"], row["seq"], *(row[name] for name in STAMPS), row["csn"])
 
 
@@ -144,7 +145,7 @@ def latest(cur, group: str | None = None) -> list[Beat]:
     """The last heartbeat each replicat applied, per source (of `group` only, if given)."""
     cur.execute("SELECT * FROM trailbound.heartbeat WHERE %(group)s::text IS NULL OR group_name = %(group)s"
                 " ORDER BY group_name, source", {"group": group})
-    return [_beat(row) for row in cur.fetchall()]
+    return [from_row(row) for row in cur.fetchall()]
 
 
 def history(cur, group: str | None = None, since: datetime | None = None, limit: int = 500,
@@ -157,7 +158,7 @@ def history(cur, group: str | None = None, since: datetime | None = None, limit:
                 " AND (%(since)s::timestamptz IS NULL OR applied_at >= %(since)s)"
                 " ORDER BY applied_at DESC NULLS LAST LIMIT %(limit)s) h ORDER BY applied_at",
                 {"group": group, "since": since, "limit": limit, "source": source})
-    return [_beat(row) for row in cur.fetchall()]
+    return [from_row(row) for row in cur.fetchall()]
 
 
 def snapshot(cur, now: datetime, limit: int = 200) -> dict:

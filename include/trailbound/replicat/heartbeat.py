@@ -125,6 +125,30 @@ class Heartbeats:
             self._created = True  # a target transaction holding them committed: the tables exist
         heartbeat.record(cur, [p.beat for p in done])
 
+    @staticmethod
+    def follow_target(store, cur, group: str, schema: str) -> int:
+        """At a run's start (`cur` on the target): the heartbeats the target holds and the
+        metadata store's copy does not (a run killed between a target commit and the file
+        checkpoint after it), copied, as the file checkpoint is repaired from the
+        checkpoint table. How many (beats of one target transaction share their applied_at:
+        those at the copy's last are copied again, which leaves one row each)."""
+        history = sql.Identifier(schema, "heartbeat_history")
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (history.as_string(cur),))
+        if not cur.fetchone()[0]:
+            return 0
+        with store.transaction() as meta:
+            meta.execute("SELECT max(applied_at) AS last FROM trailbound.heartbeat_history WHERE group_name = %s",
+                         (group,))
+            last = meta.fetchone()["last"]
+        cur.execute(sql.SQL("SELECT * FROM {} WHERE group_name = %s AND (%s::timestamptz IS NULL OR applied_at >= %s)"
+                            " ORDER BY applied_at").format(history), (group, last, last))
+        names = [column.name for column in cur.description]
+        missing = [heartbeat.from_row(dict(zip(names, row))) for row in cur.fetchall()]
+        if missing:
+            with store.transaction() as meta:
+                heartbeat.record(meta, missing)
+        return len(missing)
+
     def _file_stamps(self, store, seqno: int) -> tuple[datetime | None, datetime | None]:
         if seqno not in self._files:
             with store.transaction() as cur:
