@@ -8,10 +8,11 @@ per replicat and source), `heartbeat_history` and the view `heartbeat_lag` (Gold
 GG_LAG), created by the first heartbeat a replicat applies. A heartbeat record is never
 applied as a user table, whatever the MAP says (replicat/target.py leaves it out).
 
-The run's hooks: `take` (the prepare thread: a chunk's heartbeat records), `statements`
-(composing a target transaction's checkpoint row, in trail order: the beats between the
-committed position and the transaction's end) and `committed` (the file checkpoint: the
-beats it covers go to the metadata store). Writing a beat twice leaves one row, so a
+The run's hooks: `follow_target` (the run's start: what the target holds and the
+metadata store's copy lacks), `take` (the prepare thread: a chunk's heartbeat records),
+`statements` (composing a target transaction's checkpoint row, in trail order: the beats
+between the committed position and the transaction's end) and `committed` (the file
+checkpoint: the beats it covers go to the metadata store). Writing a beat twice leaves one row, so a
 group applied again after a rollback, or composed beside another on a parallel lane,
 never duplicates one.
 """

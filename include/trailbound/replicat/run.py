@@ -756,7 +756,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
             with connection.cursor() as cur:
                 ckt.create(cur, table_name)
                 row = ckt.read(cur, table_name, name)
-                Heartbeats.follow_target(store, cur, name, table_name.schema)  # as the file checkpoint follows row
+                Heartbeats.follow_target(store, cur, name, table_name.schema)  # the copy follows, as the file checkpoint
                 overflow = ckt.overflow_exists(cur, table_name, name)
                 checkpoint, started_from = starting_checkpoint(state, row)
                 versions = ddl.start(cur, load_defs(config.archive_dir(replicat.source)), replicat.map, replicat.ddl,
