@@ -182,6 +182,41 @@ def test_the_console_serves_each_replicats_heartbeats_as_json(tmp_path, store, m
     assert beat(8, t0, pumped=False).lags() == {"archive": 1.0, "capture": 2.0, "pump": None, "replicat": 3.0,
                                               "total": 6.0}
 
+
+class _Chunk:
+    """A chunk's records as replicat's prepare thread hands them to the heartbeats."""
+
+    def __init__(self, rows: list[dict]):
+        import pyarrow as pa
+
+        self.light = self.records = pa.Table.from_pylist(rows)
+
+    def path_of(self, seqno: int) -> str:
+        return f"/trail/rt{seqno:09d}"
+
+
+def test_a_heartbeat_row_that_is_not_one_stops_replicat_naming_file_and_rba():
+    from trailbound.errors import TrailError
+    from trailbound.replicat.heartbeat import Heartbeats
+
+    def record(rba: int, table: str, after: str | None) -> dict:
+        return {"seqno": 3, "rba": rba, "table": table, "op": "UPDATE", "after": after, "csn": 100 + rba,
+                "csn_thread": 1, "csn_sequence": 1, "csn_rba": rba}
+
+    good = '{"source": "PG", "seq": 4, "written_at": "2026-11-27 08:00:00+00", "archived_at": "2026-11-27 08:00:01+00"}'
+    beats = Heartbeats("REP1", "/trail/rt", "trailbound")
+    beats.take(_Chunk([record(0, "shop.orders", '{"id": 1}'), record(1, "trailbound.trailbound_heartbeat", good)]))
+    [pending] = beats._pending
+    assert (pending.position.seqno, pending.position.rba, pending.beat.seq) == (3, 1, 4)
+    for bad in ('{"source": "PG", "seq": "x", "written_at": "2026-11-27 08:00:00+00"}',
+                '{"source": "PG", "seq": 5, "written_at": null}', '{"seq": 5, "written_at": "2026-11-27"}',
+                '{"source": "PG", "seq": 5, "written_at": "yesterday"}', "not json"):
+        with pytest.raises(TrailError) as refused:
+            beats.take(_Chunk([record(7, "ops.trailbound_heartbeat", bad)]))
+        assert str(refused.value).startswith("/trail/rt000000003 rba 7: a ops.trailbound_heartbeat row is not a "
+                                             "heartbeat"), refused.value
+    assert len(beats._pending) == 1, "nothing taken from a refused chunk"
+
 # ---------------------------------------------------------------- a live PostgreSQL source
 
 @pytest.mark.long_running(90)

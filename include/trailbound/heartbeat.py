@@ -93,8 +93,12 @@ class Beat:
 
     @classmethod
     def from_image(cls, group: str, image: str, csn: str) -> "Beat":
+        """A heartbeat row's image as the archive holds it; ValueError, TypeError or
+        KeyError when it is not one."""
         row = json.loads(image)
-        return cls(group, str(row["source"]), int(row["seq"]), parse_time(row["written_at"]),
+        if not isinstance(row.get("source"), str) or row.get("written_at") is None:
+            raise ValueError("source must be text and written_at set")
+        return cls(group, row["source"], int(row["seq"]), parse_time(row["written_at"]),
                    parse_time(row.get("archived_at")), None, None, None, csn)
 
     def stamped(self, **stamps: datetime | None) -> "Beat":

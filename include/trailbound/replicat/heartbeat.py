@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from psycopg2 import sql
 
 from trailbound import heartbeat
+from trailbound.errors import TrailError
 from trailbound.positions import Csn, TrailPosition
 
 _DDL = """
@@ -84,9 +85,17 @@ class Heartbeats:
             return
         rows = chunk.records.filter(mask).select(
             ["seqno", "rba", "table", "op", "after", "csn", "csn_thread", "csn_sequence", "csn_rba"]).to_pylist()
-        found = [_Pending(TrailPosition(row["seqno"], row["rba"]),
-                          heartbeat.Beat.from_image(self.group, row["after"], str(Csn.from_row(row))))
-                 for row in rows if heartbeat.is_heartbeat(row["table"]) and row["after"] is not None]
+        found = []
+        for row in rows:
+            if not heartbeat.is_heartbeat(row["table"]) or row["after"] is None:
+                continue  # (a DELETE or TRUNCATE of the heartbeat table: nothing to record)
+            try:
+                beat = heartbeat.Beat.from_image(self.group, row["after"], str(Csn.from_row(row)))
+            except (ValueError, TypeError, KeyError) as exc:  # json.JSONDecodeError is a ValueError
+                raise TrailError(chunk.path_of(row["seqno"]), f"a {row['table']} row is not a heartbeat (source, "
+                                 f"seq, written_at, archived_at): {type(exc).__name__}: {exc}",
+                                 rba=row["rba"]) from None
+            found.append(_Pending(TrailPosition(row["seqno"], row["rba"]), beat))
         with self._lock:
             self._pending.extend(found)
 
