@@ -12,7 +12,8 @@ metadata store, `metadata.py` with its migrations in `sql/`. Around them: `cli/`
 `trailbound` command), `dagfiles.py` (the DAG files), `status.py` (INFO ALL and lag as
 data), `runlog.py` (every run's outcome), `runcounts.py` (each run's operations per
 table), `stats.py` (STATS, LAG, VIEW REPORT, SEND REPLICAT ... STATUS as text),
-`metrics.py` (Prometheus text), `idle.py` (the checks made before starting Spark),
+`metrics.py` (Prometheus text), `heartbeat.py` (the heartbeat's names, stamps and
+end-to-end lag, docs/heartbeat.md), `idle.py` (the checks made before starting Spark),
 `quality.py` (Great Expectations checks). Shared by all: `positions.py`,
 `errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
 `tables.py` (TABLE patterns), `keyranges.py` (key ranges for the load and the

@@ -6,7 +6,8 @@ group is one hop: archive -> capture, trail -> remote trail, trail -> target), t
 since the checkpoint, status, the last run's records, trail bytes written, duration and
 changes per second, run outcomes, and operations per table (counters: `rate()` of them
 is changes per second over any window). Per capture: open transactions, the oldest's
-age, how many Bounded Recovery has persisted, and whether BR is suspended. Per live
+age, how many Bounded Recovery has persisted, and whether BR is suspended. Per replicat
+and source, the last heartbeat's lag per hop and end to end (heartbeat.py). Per live
 PostgreSQL source: the slot's lag in bytes, which the caller reads from the source
 (the engine's layers keep sources/ out of here) and passes in.
 
@@ -20,6 +21,7 @@ from datetime import datetime, timezone
 
 from psycopg2 import sql
 
+from trailbound import heartbeat
 from trailbound import status as group_status
 from trailbound.config import Config
 from trailbound.metadata import MetadataStore
@@ -105,6 +107,7 @@ def render(store: MetadataStore, config: Config, *, slot_lags: list[SlotLag] = (
         cur.execute("SELECT upper(group_name) AS group_name, br_suspended IS NOT NULL AS suspended"
                     " FROM trailbound.extract_group ORDER BY 1")
         br_suspended = cur.fetchall()
+        beats = heartbeat.latest(cur)
     out = _Text()
 
     def of(g) -> dict:
@@ -162,6 +165,14 @@ def render(store: MetadataStore, config: Config, *, slot_lags: list[SlotLag] = (
                "(BROFFONFAILURE).", [({"group": r["group_name"]}, r["suspended"]) for r in br_suspended])
     out.family("trailbound_slot_lag_bytes", "gauge", "A live PostgreSQL source's replication slot: WAL bytes not "
                "yet confirmed (archived).", [({"source": s.source}, s.lag_bytes) for s in slot_lags])
+    out.family("trailbound_heartbeat_lag_seconds", "gauge", "The last heartbeat a replicat applied: its lag per hop "
+               "(archive, capture, pump, replicat: between consecutive stamps) and end to end (total).",
+               [({"group": b.group.upper(), "source": b.source, "hop": hop}, seconds)
+                for b in beats for hop, seconds in b.lags().items()])
+    out.family("trailbound_heartbeat_age_seconds", "gauge", "Now minus when the replicat applied its last heartbeat "
+               "(grows while heartbeats stop arriving).",
+               [({"group": b.group.upper(), "source": b.source}, (now - b.applied_at).total_seconds())
+                for b in beats if b.applied_at is not None])
     out.family("trailbound_scrape_timestamp_seconds", "gauge", "When these figures were read (Unix time).",
                [({}, now.timestamp())])
     return out.text()

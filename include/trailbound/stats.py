@@ -21,7 +21,7 @@ from fnmatch import fnmatchcase
 
 from psycopg2 import sql
 
-from trailbound import ggsci, idle, runlog
+from trailbound import ggsci, heartbeat, idle, runlog
 from trailbound import status as group_status
 from trailbound.config import Config
 from trailbound.errors import TrailboundError
@@ -199,7 +199,39 @@ def lag_report(store: MetadataStore, config: Config, stage: str, group: str, *, 
     else:
         lines.append("Archived log waits to be read (the next run takes it).")
     lines.append("Lag: the checkpoint's wall time minus the log time of the last record it covers (UTC clocks).")
+    if stage == "replicat":
+        with store.transaction() as cur:
+            beats = heartbeat.latest(cur, name)
+        lines += [heartbeat.describe(beat, now) for beat in beats]
     return "\n".join(lines)
+
+
+def heartbeat_report(store: MetadataStore, *, now: datetime | None = None, history: int = 10) -> str:
+    """`trailbound lag`: per replicat and source, the last heartbeat's end-to-end lag and
+    each hop's share, then the last `history` heartbeats applied (lag over time)."""
+    now = now or datetime.now(timezone.utc)
+    with store.transaction() as cur:
+        beats = heartbeat.latest(cur)
+        recent = {(b.group, b.source): heartbeat.history(cur, b.group, limit=history, source=b.source) for b in beats}
+    if not beats:
+        return ("No heartbeat applied yet: `trailbound add heartbeattable SRC` on a live source (or `simulate "
+                "--heartbeat-seconds S`), then a pull, capture, pump and replicat (docs/heartbeat.md).")
+    lines = []
+    for beat in beats:
+        lines += [f"REPLICAT {beat.group}: {heartbeat.describe(beat, now)}",
+                  f"  {'applied (UTC)':<20} {'seq':>8} {'total':>10} "
+                  + " ".join(f"{hop:>10}" for hop in heartbeat.HOPS)]
+        for old in recent[beat.group, beat.source]:
+            lags = old.lags()
+            lines.append(f"  {ggsci.utc(old.applied_at):<20} {old.seq:>8} {_lag_cell(lags['total'])} "
+                         + " ".join(_lag_cell(lags[hop]) for hop in heartbeat.HOPS))
+    lines.append("Lags in seconds between consecutive stamps (source, archive, capture, pump, replicat); each from "
+                 "its own host's clock.")
+    return "\n".join(lines)
+
+
+def _lag_cell(seconds: float | None) -> str:
+    return f"{'-' if seconds is None else f'{seconds:.1f}':>10}"
 
 
 # ---------------------------------------------------------------- VIEW REPORT

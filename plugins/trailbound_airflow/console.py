@@ -11,6 +11,9 @@ React app of Airflow's UI (console.js, shown under Browse -> Trailbound at
                                         SHOWCH; open transactions with BR state; each
                                         source's retention and slot lag; heartbeat lag
     GET /trailbound/api/info-all        INFO ALL as JSON
+    GET /trailbound/api/heartbeat       each replicat's heartbeats (trailbound.heartbeat.snapshot):
+                                        the last per source, its lag per hop and end to end,
+                                        and the history
     GET /trailbound/metrics             Prometheus text (trailbound.metrics)
     GET /trailbound/                    sends to the page in the UI
 
@@ -195,9 +198,26 @@ def read_snapshot(config_path: str | None = None) -> Snapshot:
                     "warning": plan.over_limit()})
         except Exception as exc:  # noqa: BLE001 - shown in its section
             snap.retention.append({"source": "?", "error": str(exc)})
+        from trailbound import heartbeat
+
+        with store.transaction() as cur:
+            beats = heartbeat.latest(cur)
+        snap.heartbeat = [{"path": f"{beat.source} -> {beat.group}", "lag_seconds": beat.lags()["total"],
+                           "hops": beat.lags(), "at": beat.applied_at.isoformat() if beat.applied_at else None}
+                          for beat in beats] or None
     snap.sources = read_slot_lags(hook)
     snap.transactions.sort(key=lambda t: (t.start_time, t.start_scn))
     return snap
+
+
+def read_heartbeats(config_path: str | None = None) -> dict:
+    """Blocking: the heartbeats' JSON (trailbound.heartbeat.snapshot), from the metadata store."""
+    from trailbound import heartbeat
+
+    from trailbound_airflow.hooks import TrailboundHook
+
+    with TrailboundHook(config_path=config_path).store() as store, store.transaction() as cur:
+        return heartbeat.snapshot(cur, datetime.now(timezone.utc))
 
 
 def read_metrics(config_path: str | None = None) -> str:
@@ -292,6 +312,10 @@ def create_app() -> FastAPI:
         snap = await run_in_threadpool(read_snapshot)
         groups = [{k: v for k, v in asdict(g).items() if k != "last_run"} for g in snap.groups]
         return JSONResponse(_plain({"as_of": snap.now, "groups": groups}))
+
+    @app.get("/api/heartbeat")
+    async def heartbeats(user: User) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(read_heartbeats))
 
     @app.get("/metrics")
     async def metrics(reader: Annotated[object, Depends(metrics_reader)]) -> Response:

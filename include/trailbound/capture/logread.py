@@ -31,12 +31,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from trailbound import heartbeat
 from trailbound.archive import contract, reader
 from trailbound.archive.segments import Segment
 from trailbound.errors import ArchiveError
 from trailbound.positions import LogPosition, Scn
 from trailbound.spark import numbered, parallelism
-from trailbound.tables import python_regex
 from trailbound.trail.format import FIXED_ROW_BYTES
 
 # The records as every pass sees them: the contract's fields, where they were read
@@ -318,9 +318,9 @@ def _with_txid(table: pa.Table) -> pa.Table:
 
 
 def _captured_matcher(patterns: list[str]) -> Callable[[pa.Table], pa.Array]:
-    """A mask: DML records of a table the patterns match (tables.python_regex; the
-    distinct names of a batch are matched once each)."""
-    pattern = python_regex(patterns)
+    """A mask: DML records of a table the patterns match, or of a heartbeat table
+    (heartbeat.selection; the distinct names of a batch are matched once each)."""
+    pattern = heartbeat.selection(patterns)
     dml = pa.array(contract.DML_OPS, pa.string())
 
     def matches(table: pa.Table) -> pa.Array:

@@ -35,7 +35,8 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound info replicat REP1 [--showch] checkpoint table row and file checkpoint
     trailbound stats replicat REP1 [--table P] [--totalsonly [P]] [--latest|--hourly|--daily|--total]
                                              operations per table (stats extract|pump|replicat G)
-    trailbound lag replicat REP1             last record lag, at EOF or not (lag extract|pump|replicat G)
+    trailbound lag replicat REP1             last record lag, at EOF or not (lag extract|pump|replicat G);
+                                             a replicat's heartbeat: end-to-end lag and each hop's share
     trailbound view report REP1 [--run N]    a run: command, outcome, what it committed, counts per table
     trailbound send replicat REP1 status     a batch replicat: run in progress, checkpoint, what waits
     trailbound discards REP1 [--since TS] [--table P] [--reapply]
@@ -45,6 +46,7 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound simulate                      write the simulated source's archive
     trailbound add|delete|info source SRC    a live PostgreSQL source: publication, slot, defs.json
     trailbound archive pull SRC              archive a PostgreSQL source's WAL through its slot
+    trailbound add heartbeattable SRC        a heartbeat table each pull writes: end-to-end lag (lag, info all)
     trailbound compare SRC REP1 [--table P]  compare source and target tables (Veridata-style), confirm
                                              differences once replicat is past them; --repair-script FILE
     trailbound load SRC REP1 [--table P]     initial load on Spark: at the slot's snapshot, or between watermarks

@@ -17,7 +17,8 @@ def simulate(ctx: Context) -> int:
     try:
         summary = simulator.simulate(Path(archive), Path(truth), seed=args.seed, records=args.records,
                                      hours=args.hours, threads=args.threads, fmt=args.format,
-                                     schema_changes=args.schema_changes)
+                                     schema_changes=args.schema_changes, heartbeat_seconds=args.heartbeat_seconds,
+                                     heartbeat_source=ctx.source_name())
     except FileExistsError as exc:
         raise TrailboundError(f"{archive}: already holds an archive ({exc}); simulate writes into an empty "
                               "directory") from None
@@ -39,3 +40,5 @@ def arguments(verbs) -> None:
     sim.add_argument("--schema-changes", choices=["none", "demo", "all"], default="none",
                      help="ALTER / CREATE TABLE mid-archive, each a table version in defs.json: demo: one ADD "
                           "COLUMN and one CREATE TABLE; all: also a widened type and a dropped column")
+    sim.add_argument("--heartbeat-seconds", type=float, metavar="S",
+                     help="write a heartbeat row every S seconds of log time (docs/heartbeat.md; default none)")

@@ -1,4 +1,5 @@
-"""A live PostgreSQL source: `trailbound archive pull SRC` and `add|delete|alter|info source SRC`."""
+"""A live PostgreSQL source: `trailbound archive pull SRC`, `add|delete|alter|info source SRC`
+and `add heartbeattable SRC`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ def add_source(ctx: Context) -> int:
     from trailbound.sources.postgres.admin import add_source as add
 
     print(add(ctx.config, ctx.args.source, refresh_defs=ctx.args.refresh_defs))
+    return 0
+
+
+def add_heartbeattable(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import add_heartbeat_table
+
+    print(add_heartbeat_table(ctx.config, ctx.args.source, ctx.args.schema))
     return 0
 
 
@@ -79,3 +87,8 @@ def arguments(archive, kinds) -> None:
                                  help="your consent: the changes between the archive's end and where the slot "
                                       "resumes are lost; the slot is made again if it is gone (then load the "
                                       "tables again; docs/live-postgres.md, \"When the slot is lost\")")
+    command = verb(kinds["add"], "heartbeattable", add_heartbeattable,
+                   "a PostgreSQL source's heartbeat table (ADD HEARTBEATTABLE): each pull writes it, replicat "
+                   "records its lag end to end (docs/heartbeat.md)")
+    command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+    command.add_argument("--schema", default="trailbound", help="the schema it is created in (default trailbound)")

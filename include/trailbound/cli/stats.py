@@ -1,5 +1,6 @@
 """GGSCI's monitoring verbs for one group: `trailbound stats extract|pump|replicat GROUP`
-(operations per table) and `trailbound lag extract|pump|replicat GROUP`."""
+(operations per table) and `trailbound lag extract|pump|replicat GROUP`; `trailbound lag`
+alone: every replicat's heartbeat lag, end to end and per hop, over time."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def stats(ctx: Context) -> int:
 def lag(ctx: Context) -> int:
     from trailbound import stats as reports
 
+    if ctx.args.kind is None:
+        print(reports.heartbeat_report(ctx.store))
+        return 0
     print(reports.lag_report(ctx.store, ctx.config, ctx.args.kind, ctx.args.group))
     return 0
 
@@ -37,8 +41,9 @@ def arguments(verbs) -> None:
         periods = command.add_mutually_exclusive_group()
         for period in ("latest", "hourly", "daily", "total"):
             periods.add_argument(f"--{period}", action="store_true", help=f"only the {period} statistics")
-    kinds = verbs.add_parser("lag", help="a group's last record lag, and whether it is at EOF (LAG ...)"
-                             ).add_subparsers(dest="kind", required=True, metavar="KIND")
+    command = verb(verbs, "lag", lag, "a group's last record lag, and whether it is at EOF (LAG ...); alone: "
+                                      "every replicat's heartbeat lag, end to end and per hop, over time")
+    kinds = command.add_subparsers(dest="kind", required=False, metavar="KIND")
     for stage in STAGES:
         verb(kinds, stage, lag, f"{stage} GROUP: last record lag at its checkpoint; at EOF or records waiting"
              ).add_argument("group")

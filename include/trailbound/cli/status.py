@@ -36,13 +36,18 @@ def info_groups(ctx: Context, program: str, describe: Callable[[str], str]) -> i
 
 
 def info_all(ctx: Context) -> int:
-    """INFO ALL: every extract, pump and replicat; status, lag at checkpoint, time since."""
+    """INFO ALL: every extract, pump and replicat; status, lag at checkpoint, time since;
+    then each replicat's last heartbeat: end-to-end lag and each hop's share."""
     from datetime import datetime as _datetime
 
-    from trailbound import ggsci, status
+    from trailbound import ggsci, heartbeat, status
 
     now = _datetime.now(timezone.utc)
     print(ggsci.info_all(status.info_all(ctx.store, ctx.config, now=now), now))
+    with ctx.store.transaction() as cur:
+        beats = heartbeat.latest(cur)
+    if beats:  # the true end-to-end lag, beside each hop's lag at checkpoint above
+        print("\n" + "\n".join(f"REPLICAT {beat.group}  {heartbeat.describe(beat, now)}" for beat in beats))
     return 0
 
 

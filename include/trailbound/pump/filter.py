@@ -6,15 +6,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trailbound.tables import python_regex
+from trailbound import heartbeat
 from trailbound.trail import format as trails
 
 
 def filter_records(table: pa.Table, patterns: list[str]) -> pa.Table:
-    """The records of the selected tables, as a trail file of their own: RBAs from 0 and
-    transaction indicators rewritten at the new boundaries. A transaction that keeps no
-    record disappears; one that keeps one record becomes WHOLE."""
-    regex = python_regex(patterns)
+    """The records of the selected tables (and heartbeats, always), as a trail file of
+    their own: RBAs from 0 and transaction indicators rewritten at the new boundaries. A
+    transaction that keeps no record disappears; one that keeps one record becomes WHOLE."""
+    regex = heartbeat.selection(patterns)
     names = [n for n in pc.unique(table.column("table")).to_pylist() if n is not None and regex.fullmatch(n)]
     keep = pc.fill_null(pc.is_in(table.column("table"), pa.array(names, pa.string())), False)
     keep_np = np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)

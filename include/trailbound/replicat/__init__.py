@@ -7,7 +7,8 @@ the lines indexed, `compute.py` a chunk's lines); `apply/` the target side (its
 `__init__` states the apply contract; `serial.py` staging, merge, record-by-record
 replay, `parallel.py` insert-only groups on several sessions, `copychain.py` a session's
 group as one query); `windows.py` a watermark load's windows, applied in the trail's
-commit order; `loadinfo.py` a load's progress read back (INFO REPLICAT);
+commit order; `heartbeat.py` the heartbeat records written into the target's heartbeat
+tables with the checkpoint row (docs/heartbeat.md); `loadinfo.py` a load's progress read back (INFO REPLICAT);
 `ddl.py` a source table's new version on the target (added columns, widened types,
 new tables, or a stop before the first row); `reperror.py` REPERROR, what a refused
 operation does (abend, discard, ignore, retryop, transabend, transdiscard);

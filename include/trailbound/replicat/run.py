@@ -79,6 +79,7 @@ from trailbound.replicat.apply import DATA_ERRORS, ApplyError, Collision, NeedsR
 from trailbound.replicat.apply.parallel import ParallelApply, lane_connection
 from trailbound.replicat.apply.serial import FastApplier, Replayer, ReplayStats, record_key
 from trailbound.replicat.chunks import Chunk, DeferredImages, Group, TrailFile, cut, plan_chunk
+from trailbound.replicat.heartbeat import Heartbeats
 from trailbound.replicat.net import arrow
 from trailbound.replicat.windows import Windows
 from trailbound.runcounts import TableCounts
@@ -291,6 +292,7 @@ class _Run:
         self.reperror = reperror.Policy(replicat.reperror)
         self.pieced_discards = False  # the open long transaction's pieces set records aside
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
+        self.heartbeats = Heartbeats(state.group, state.exttrail, self.table_name.schema)
         self.images = DeferredImages()  # the trail's after images, decoded when a chunk needs them
         # Each file's SHA-256, checked beside its decoding: verified before anything
         # its records lead to commits (`verified`), and before an error they led to is
@@ -383,6 +385,7 @@ class _Run:
             chunk = self._up_to_fence(chunk, files, tables, at, log_csn)
             if chunk is None:
                 return None
+        self.heartbeats.take(chunk)
         planned = time.perf_counter()
         from trailbound.replicat.net.compute import compute_net  # not for a run with nothing new
 
@@ -790,9 +793,12 @@ class _Run:
 
     def _checkpoint_statements(self, cur, end: TrailPosition, *, log_csn: Csn, log_xid: str, cmplt_xids: list[str],
                                audit_ts: datetime, log_bsn: Scn, commit: bool = False) -> bytes:
-        return ckt.row_statements(cur, self.table_name, self.state.group, position=end, log_csn=log_csn,
-                                  log_bsn=log_bsn, audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids,
-                                  current_dir=self.current_dir, commit=commit, overflow=self.overflow)
+        # the heartbeats this target transaction applies go in with its checkpoint row
+        beats = self.heartbeats.statements(cur, self.store, self.checkpoint.position, end)
+        row = ckt.row_statements(cur, self.table_name, self.state.group, position=end, log_csn=log_csn,
+                                 log_bsn=log_bsn, audit_ts=audit_ts, log_xid=log_xid, cmplt_xids=cmplt_xids,
+                                 current_dir=self.current_dir, commit=commit, overflow=self.overflow)
+        return beats + b"; " + row if beats else row
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, now: bool = False) -> None:
         """The file checkpoint (and trail_reader row) after a target commit: written at
@@ -805,6 +811,7 @@ class _Run:
             return
         with self.store.transaction() as cur:
             ckpt.save(cur, self.state, checkpoint)
+            self.heartbeats.committed(cur, checkpoint.position)
         self._saved_at, self._unsaved = time.monotonic(), False
 
     def verified(self, end: TrailPosition) -> None:
@@ -881,6 +888,7 @@ def run_replicat(spark, store: MetadataStore, config: Config, group: str, *, tar
                 ckt.create(cur, table_name)
                 dsc.create(cur, table_name)
                 row = ckt.read(cur, table_name, name)
+                Heartbeats.follow_target(store, cur, name, table_name.schema)  # the copy follows, as the file checkpoint
                 overflow = ckt.overflow_exists(cur, table_name, name)
                 checkpoint, started_from = starting_checkpoint(state, row)
                 versions = ddl.start(cur, load_defs(config.archive_dir(replicat.source)), replicat.map, replicat.ddl,

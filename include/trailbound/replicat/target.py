@@ -16,6 +16,7 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
+from trailbound import heartbeat
 from trailbound.archive.contract import split_table_name
 from trailbound.archive.segments import Column, TableDef
 from trailbound.config import Config, MapRule
@@ -39,7 +40,10 @@ def connect(config: Config, dsn: str | None = None):
 
 
 def map_name(rules, source_table: str) -> tuple[str, str] | None:
-    """The (schema, table) a source table maps to, or None if no rule selects it."""
+    """The (schema, table) a source table maps to, or None if no rule selects it. A
+    heartbeat table is never mapped: replicat writes its rows into its heartbeat tables."""
+    if heartbeat.is_heartbeat(source_table):
+        return None
     schema, table = split_table_name(source_table)
     for rule in rules:
         if fnmatch.fnmatchcase(source_table, rule.source):

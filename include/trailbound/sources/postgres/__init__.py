@@ -8,6 +8,7 @@
     rowjson.py     the pull's hot path: a row change's tuple bytes straight to its JSON images
     state.py       what the miner remembers to archive re-sent changes once
     admin.py       add / delete / alter / info source: publication, slot, defs.json from the catalog
+    heartbeat.py   the source's heartbeat table: created by add heartbeattable, written by each pull
     continuity.py  is the slot still the one the archive was pulled from: a gap is refused
     snapshot.py    the slot made again with an exported snapshot: the initial load's
                    consistent point

@@ -16,6 +16,7 @@ from datetime import UTC
 import psycopg2
 from psycopg2 import sql
 
+from trailbound import heartbeat
 from trailbound.archive import segments as archive_segments
 from trailbound.archive.contract import DEFS_FILE
 from trailbound.archive.segments import Column, TableDef
@@ -26,6 +27,7 @@ from trailbound.ggsci import utc
 from trailbound.positions import Scn
 from trailbound.metadata import connection_error, dsn_from_env
 from trailbound.sources.postgres import continuity
+from trailbound.sources.postgres import heartbeat as heartbeat_table
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import Lsn
 from trailbound.sources.postgres.reader import ROWS_PREFIX, session_options
@@ -90,13 +92,19 @@ def _matches(pattern: str, name: str) -> bool:
     return re.fullmatch(regex, name, re.DOTALL) is not None
 
 
+def _in_scope(patterns: list[str], name: str) -> bool:
+    """Whether the source publishes table `name`: the `table:` patterns match it, or it
+    is a heartbeat table (always published, like GoldenGate's heartbeat table)."""
+    return heartbeat.is_heartbeat(name) or any(_matches(p, name) for p in patterns)
+
+
 def published_tables(connection, patterns: list[str]) -> list[SourceTable]:
     """The source's tables that the `table:` patterns name, checked: each needs a primary
     key or REPLICA IDENTITY FULL (an index identity will do too), else its updates and
     deletes could not be told apart."""
     tables = [SourceTable(*row) for row in _query(connection, _TABLES)]
-    chosen = [t for t in tables if any(_matches(p, t.qualified) for p in patterns)]
-    if not chosen:
+    chosen = [t for t in tables if _in_scope(patterns, t.qualified)]
+    if not any(not heartbeat.is_heartbeat(t.qualified) for t in chosen):
         raise TrailboundError(f"no table of the source matches table: {', '.join(patterns)}")
     for table in chosen:
         if table.replica_identity == "n" or (table.replica_identity == "d" and not table.has_primary_key):
@@ -392,7 +400,7 @@ def widen_scope(connection, source: str, pg) -> list[str]:
     published = {f"{schema}.{table}" for schema, table in _query(
         connection, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (pg.publication,))}
     tables = [SourceTable(*row) for row in _query(connection, _TABLES)]
-    new = [t for t in tables if t.qualified not in published and any(_matches(p, t.qualified) for p in pg.table)
+    new = [t for t in tables if t.qualified not in published and _in_scope(pg.table, t.qualified)
            and not (t.replica_identity == "n" or (t.replica_identity == "d" and not t.has_primary_key))]
     added = []
     for table in new:
@@ -431,10 +439,25 @@ def _versions(archive) -> list[str]:
             for name, table in defs.items() if len(table.versions) > 1 or table.latest.scn]
 
 
+def add_heartbeat_table(config: Config, name: str, schema: str = heartbeat.DEFAULT_SCHEMA) -> str:
+    """`add heartbeattable SRC`: the source's heartbeat table, published by the next pull
+    (or by `add source`), written by every pull."""
+    source = config.source_name(name)
+    pg = config.postgres(source)
+    connection = connect(config, source)
+    try:
+        table = heartbeat_table.create(connection, source, schema)
+    finally:
+        connection.close()
+    return (f"SOURCE {source}: heartbeat table {table} ready; the next pull publishes it in {pg.publication} and "
+            "every pull writes its row before it reads the slot (`trailbound lag replicat G` shows the lag)")
+
+
 def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None = None):
     """`archive pull`: the slot's changes into archive segments (the source's DSN from
-    `dsn_env`, or `dsn`). Tables that came to match `table:` since the last pull are
-    published first (`widen_scope`)."""
+    `dsn_env`, or `dsn`). Tables that came to match `table:` since the last pull, and a
+    heartbeat table, are published first (`widen_scope`); then the heartbeat row is
+    written (sources/postgres/heartbeat.py)."""
     from trailbound.sources.postgres.miner import Limits, pull as run_pull
 
     source = config.source_name(name)
@@ -444,6 +467,8 @@ def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None =
     connection = connect(config, source, dsn)
     try:
         added = widen_scope(connection, source, pg)
+        # before the slot is read: this pull archives it, whatever else the server wrote
+        heartbeat_table.beat(connection, source, pg.publication)
     finally:
         connection.close()
     result = run_pull(source, config.archive_dir(source), dsn, pg.slot, pg.publication, limits, patience=patience)

@@ -35,6 +35,7 @@ from typing import Callable
 
 import psycopg2
 
+from trailbound import heartbeat
 from trailbound.archive.segments import Column, TableDef, TableVersion, load_defs
 from trailbound.archive.contract import RECORD_FIELDS
 from trailbound.archive.writer import encode_json, from_micros, to_micros, write_defs, write_segment_columns
@@ -81,6 +82,7 @@ class _Relation:
     oid: int = 0
     full: bool = False        # REPLICA IDENTITY FULL: keyed by every column, as defs.json says
     resolved: bool = False    # compared with the table's last version (at its first archived change)
+    heartbeat: bool = False   # a heartbeat table: its images get the archive's stamp (heartbeat.archived)
     key_columns: tuple[str, ...] = field(init=False)
     key_convert: tuple[Callable | None, ...] = field(init=False)
 
@@ -241,6 +243,8 @@ class Miner:
             else:  # 'D'
                 op, after = "DELETE", None
                 before = rowjson.key_image(old, relation.key) if old_kind == 0x4B else rowjson.image(old)
+            if relation.heartbeat and after is not None:
+                after = heartbeat.archived(after, datetime.now(UTC))
             self._emit(lsn, ts, xid, parent, op, relation.name, before, after)
             self.result.changes += 1
         self._cut_if_full()
@@ -256,7 +260,7 @@ class Miner:
         self.relations[message.oid] = _Relation(
             name, names, tuple(converter(c.type_oid) for c in message.columns), key,
             RowJson(names, tuple(c.type_oid for c in message.columns), key), sent, message.oid,
-            message.replica_identity == "f")
+            message.replica_identity == "f", heartbeat=heartbeat.is_heartbeat(name))
         self.tuple_readers[message.oid] = self.relations[message.oid].json.pieces
 
     def _resolve(self, relation: _Relation, lsn: int) -> None:
@@ -310,7 +314,10 @@ class Miner:
                 continue
             txn, ts = admitted
             xid, parent = self._account(txn, lsn, None)
-            self._emit(lsn, ts, xid, parent, "INSERT", name, None, encode_json(row))
+            image = encode_json(row)
+            if heartbeat.is_heartbeat(name):
+                image = heartbeat.archived(image, datetime.now(UTC))
+            self._emit(lsn, ts, xid, parent, "INSERT", name, None, image)
             self.result.changes += 1
 
     def _change(self, message, received: Received) -> None:
@@ -328,6 +335,8 @@ class Miner:
             if not relation.resolved:
                 self._resolve(relation, lsn)
             before, after = _images(relation, message)
+            if relation.heartbeat and after is not None:
+                after = heartbeat.archived(after, datetime.now(UTC))
             self._emit(lsn, ts, xid, parent, _OPS[type(message)], relation.name, before, after)
         self.result.changes += 1
 

@@ -43,7 +43,7 @@ from trailbound.durable import atomic_write
 from trailbound.sources.simulator.changes import PRESETS as SCHEMA_CHANGES
 from trailbound.sources.simulator.changes import SchemaChange
 from trailbound.sources.simulator.engine import TRUTH_FORMAT, Simulator
-from trailbound.sources.simulator.tables import SimTable, source_tables
+from trailbound.sources.simulator.tables import SimTable, heartbeat_table, source_tables
 from trailbound.sources.simulator.workload import Workload
 
 __all__ = ["DEFAULT_CLOSE_AT", "DEFAULT_QUIET_STRETCHES", "SCHEMA_CHANGES", "SIMULATOR_FORMATS", "TRUTH_FORMAT",
@@ -106,6 +106,8 @@ def simulate(
     hostile_xid_rate: float = 0.01,
     rollback_rate: float = 0.04,
     schema_changes: tuple[SchemaChange, ...] | str = (),
+    heartbeat_seconds: float | None = None,
+    heartbeat_source: str = "SIM",
 ) -> SimulationSummary:
     """Write a simulated redo archive (segments and defs.json) into `archive_dir` and the
     state a replica must reach into `truth_path`.
@@ -117,7 +119,10 @@ def simulate(
     of log time, and also after `segment_records` records if given. concurrency: open
     short transactions per thread. schema_changes: ALTER TABLE / CREATE TABLE statements
     (changes.py), or the name of a set of them ("none", "demo", "all"), each recorded as a
-    table version in defs.json. Deterministic: the same arguments write the same bytes.
+    table version in defs.json. heartbeat_seconds: a heartbeat row of source
+    `heartbeat_source` every that many seconds of log time (trailbound/heartbeat.py), in
+    `trailbound.trailbound_heartbeat` (None: none). Deterministic: the same arguments
+    write the same bytes.
     """
     if isinstance(schema_changes, str):
         if schema_changes not in SCHEMA_CHANGES:
@@ -148,8 +153,10 @@ def simulate(
             concurrency=concurrency, quiet_stretches=quiet_stretches,
             close_at=close_last_thread_at, hostile_xid_rate=hostile_xid_rate,
             rollback_rate=rollback_rate, schema_changes=schema_changes,
+            heartbeat_seconds=heartbeat_seconds, heartbeat_source=heartbeat_source,
         )
-        write_defs(archive, [table.definition() for table in sim.tables])
+        tables = sim.tables + ([heartbeat_table()] if heartbeat_seconds else [])
+        write_defs(archive, [table.definition() for table in tables])
         sim.run()
         truth = sim.truth()
     finally:

@@ -19,7 +19,8 @@ from trailbound.archive.writer import encode_json, from_micros, to_micros, write
 from trailbound.positions import Scn
 from trailbound.sources.simulator.changes import SchemaChange
 from trailbound.sources.simulator.pools import HOSTILE_XID_PATTERNS, SINGLE_HOSTILE_XIDS
-from trailbound.sources.simulator.tables import CARTS, MISSING, SimTable, review_table, source_tables
+from trailbound.sources.simulator.tables import (CARTS, HEARTBEAT, MISSING, SimTable, heartbeat_table, review_table,
+                                                 source_tables)
 from trailbound.sources.simulator.workload import HANDOFF_TIMES, LONG_STORIES, TRUNCATE_TIMES, Workload
 
 TRUTH_FORMAT = 1
@@ -80,7 +81,8 @@ class Simulator:
     def __init__(self, archive_dir: Path, *, seed: int, records: int, hours: float, threads: int,
                  fmt: str, start: datetime, segment_minutes: float, segment_records: int | None,
                  concurrency: int, quiet_stretches, close_at: float | None,
-                 hostile_xid_rate: float, rollback_rate: float, schema_changes: tuple[SchemaChange, ...] = ()):
+                 hostile_xid_rate: float, rollback_rate: float, schema_changes: tuple[SchemaChange, ...] = (),
+                 heartbeat_seconds: float | None = None, heartbeat_source: str = "SIM"):
         self.archive = archive_dir
         self.seed = seed
         self.rng = random.Random(seed)
@@ -94,6 +96,9 @@ class Simulator:
         self.concurrency = concurrency
         self.hostile_xid_rate = hostile_xid_rate
         self.rollback_rate = rollback_rate
+        # A heartbeat (trailbound/heartbeat.py) every heartbeat_seconds of log time, if any.
+        self.heartbeat_us = int(heartbeat_seconds * 1_000_000) if heartbeat_seconds else 0
+        self.heartbeat_source = heartbeat_source
 
         self.count = 0                 # records emitted so far
         self.scn = 999                 # last SCN handed out
@@ -117,6 +122,8 @@ class Simulator:
         self.table = {table.name: table for table in self.tables}
         # defs.json as it is written: each table's versions (a schema change adds one)
         self.defs = {table.name: _definition(table) for table in self.tables}
+        if self.heartbeat_us:  # its rows are not the modelled database's: in defs.json only
+            self.defs[HEARTBEAT] = _definition(heartbeat_table())
         self.schema_changes = tuple(schema_changes)
         for change in self.schema_changes:  # what the workload knows how to write to
             known = self.table.get(change.table)
@@ -196,6 +203,9 @@ class Simulator:
 
         for change in self.schema_changes:
             self.schedule(self.at(change.at), lambda c=change: self._schema_change(c))
+        if self.heartbeat_us:
+            self.features["heartbeats"] = 0
+            self.schedule(self.start_us + self.heartbeat_us, self._heartbeat)
 
         self.schedule(1 << 62, lambda: None)  # sentinel: the heap is never empty
 
@@ -279,6 +289,30 @@ class Simulator:
                                  TableDef(table.name, now.columns, now.key,
                                           (TableVersion(1, scn, now.columns, now.key, time),)))
         write_defs(self.archive, [definition.as_json() for definition in self.defs.values()])
+    def _heartbeat(self) -> None:
+        """The source's heartbeat row written in a transaction of its own (an INSERT the
+        first time, then UPDATEs), as the live source's pull writes it. Its archive stamp
+        is when its segment is due to close: when the simulated archiver hands it on."""
+        self.schedule(self.now_us() + self.heartbeat_us, self._heartbeat)
+        if self.total - self.count < 2:
+            return
+        ts = self.now_us()
+        if ts >= self.next_switch_us:
+            self._switch_segments(ts)  # the segment the row lands in, and when it closes
+        thread = self.busy_threads[0]
+        self.features["heartbeats"] += 1
+        seq = self.features["heartbeats"]
+        row = {"source": self.heartbeat_source, "seq": seq, "written_at": self.timestamptz_text(ts),
+               "archived_at": self.timestamptz_text(thread.boundary_us)}
+        self.xid_counter += 1  # (no random draw: the rest of the archive is the same with or without heartbeats)
+        xid = str(self.xid_counter)
+        after = encode_json(row)
+        if seq == 1:
+            self.emit(thread, xid, None, "INSERT", HEARTBEAT, None, after)
+        else:
+            self.emit(thread, xid, None, "UPDATE", HEARTBEAT, encode_json({"source": self.heartbeat_source}), after)
+        self.last_csn = self.emit(thread, xid, None, "COMMIT", None, None, None)
+        self.committed += 1
 
     def _set_accepting(self, thread: RedoThread, accepting: bool) -> None:
         thread.accepting = accepting

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trailbound import heartbeat
+
 if TYPE_CHECKING:
     from trailbound.sources.simulator.engine import Txn
 
@@ -128,6 +130,15 @@ CARTS = "shop.cart_sessions"
 EMPLOYEES = "hr.employees"
 TIMESHEETS = "hr.timesheets"
 REVIEWS = "shop.reviews"   # created mid-archive by a schema change (changes.py)
+HEARTBEAT = f"{heartbeat.DEFAULT_SCHEMA}.{heartbeat.TABLE}"   # written only with heartbeat_seconds
+
+
+def heartbeat_table() -> SimTable:
+    """The heartbeat table (trailbound/heartbeat.py): its definition for defs.json. Its
+    rows are not part of the modelled database (nor of the truth): replicat keeps them
+    in its heartbeat tables."""
+    return SimTable(HEARTBEAT, [("source", "text", False), ("seq", "bigint", False),
+                                ("written_at", "timestamptz", False)], key=["source"], cap=1)
 
 
 def source_tables() -> list[SimTable]:
