@@ -45,7 +45,6 @@ from trailbound.errors import TrailboundError
 from trailbound.metadata import connection_error
 from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import decoder as d
-from trailbound.sources.postgres import rowjson
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import ZERO, Lsn
 from trailbound.sources.postgres.reader import ROWS_PREFIX, Received, SlotReader

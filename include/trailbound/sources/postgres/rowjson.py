@@ -28,7 +28,6 @@ from trailbound.sources.postgres.values import BOOL, FLOAT4, FLOAT8, INT2, INT4,
 
 _INT16 = struct.Struct("!h")
 _LENGTH = struct.Struct("!I").unpack_from  # unsigned: a length past the message shows at the end
-_TEXT, _NULL, _UNCHANGED_TOAST = 0x74, 0x6E, 0x75  # 't', 'n', 'u'
 _quote = json.encoder.encode_basestring  # the encoder's own (ensure_ascii=False)
 
 
