@@ -310,14 +310,14 @@ def test_the_pulls_fast_json_images_are_the_typed_paths_text_value_by_value():
     ]
     for values in rows:
         data = b"pad" + _tuple_bytes(values)
-        pieces, at = relation.json.pieces(data, 3)
+        parsed, at = relation.json.values(data, 3)
         assert at == len(data)
-        assert rowjson.image(pieces) == relation.image(values)
-        assert rowjson.key_image(pieces, key) == relation.key_image(values)
-        assert json.loads(rowjson.image(pieces)) == json.loads(_image(names, relation.convert, values))
+        assert relation.json.image(parsed) == relation.image(values)
+        assert relation.json.key_image(parsed) == relation.key_image(values)
+        assert json.loads(relation.json.image(parsed)) == json.loads(_image(names, relation.convert, values))
     insert = b"I" + (100).to_bytes(4, "big") + b"N" + _tuple_bytes(rows[1])
-    kind, _, oid, _, _, new = d.row_change(insert, False, {100: relation.json.pieces})
-    assert (kind, oid, rowjson.image(new)) == (ord("I"), 100, relation.image(rows[1]))
+    kind, _, oid, _, _, new = d.row_change(insert, False, {100: relation.json.values})
+    assert (kind, oid, relation.json.image(new)) == (ord("I"), 100, relation.image(rows[1]))
     for cut in (3, 20):
         with pytest.raises(d.DecodeError, match="message ends early|runs past the message end"):
-            d.row_change(insert[:-cut], False, {100: relation.json.pieces})
+            d.row_change(insert[:-cut], False, {100: relation.json.values})

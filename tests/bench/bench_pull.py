@@ -4,12 +4,18 @@ made before the backlog) into a fresh archive, so runs of two versions of the co
 alternated on the very same WAL.
 
     .venv/bin/python tests/bench/bench_pull.py [--scale S] [--transactions T] [--runs N] [--profile]
+        [--reuse] [--code NAME=INCLUDE_DIR ...] [--cgtime /work/tools/cgtime]
 
 Starts its own source server (var/bench-pull-source, wal_level=logical). The backlog is
 pgbench's data load at scale S (S x 100,000 inserts in one transaction) then T TPC-B-like
 transactions (3 updates and 1 insert each) on 2 clients. Each run is timed in its own
 process (`trailbound archive pull`); `--profile` runs one pull under cProfile in this
 process and prints the top functions. Results go to docs/benchmarks/pull.md.
+
+A/B: with `--code old=DIR --code new=DIR` (each an `include/` directory, e.g. of a
+`git archive` of the commit) each run pulls once with each code, alternated, and prints
+what each took; with `--cgtime` each pull runs under that command, which prints its
+CPU-seconds (on a loaded machine wall time says little). Nothing is written to pull.md.
 """
 
 from __future__ import annotations
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="keep the backlog of the last invocation")
+    parser.add_argument("--code", action="append", default=[], metavar="NAME=INCLUDE_DIR",
+                        help="A/B: pull with each of these code trees in turn")
+    parser.add_argument("--cgtime", help="run each A/B pull under this command (prints CPU-seconds)")
     args = parser.parse_args(argv)
 
     server = LocalServer(REPO / "var" / "bench-pull-source", options=LOGICAL_OPTIONS + " -c max_wal_size=8GB "
@@ -116,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return 0
 
+    if args.code:
+        return compare_codes(args, source, env, tb)
+
     rates = []
     for n in range(1, args.runs + 1):
         config_path = fresh_run(n, source)
@@ -145,6 +157,29 @@ def main(argv: list[str] | None = None) -> int:
                            "|---|---|---|---|---|---|---|\n")
     with RESULTS.open("a") as results:
         results.write(line + "\n")
+    return 0
+
+
+def compare_codes(args, source: str, env: dict, tb: list[str]) -> int:
+    """Each run: one pull with each code tree, on its own copy of the slot and archive."""
+    n = 100
+    for run in range(1, args.runs + 1):
+        for name, include in (code.split("=", 1) for code in args.code):
+            n += 1
+            config_path = fresh_run(n, source)
+            command = [*tb, "--config", str(config_path), "archive", "pull", "PGB"]
+            started = time.monotonic()
+            done = subprocess.run([args.cgtime, *command] if args.cgtime else command,
+                                  env={**env, "PYTHONPATH": include}, capture_output=True, text=True)
+            seconds = time.monotonic() - started
+            assert done.returncode == 0, done.stderr
+            changes = int(re.search(r"pulled (\d+) change", done.stdout).group(1))
+            cpu = re.search(r"([\d.]+) CPU-s", done.stderr)
+            print(f"{name} run {run}: {changes} changes in {seconds:.1f} s wall ({changes / seconds:,.0f} changes/s)"
+                  + (f", {cpu.group(1)} CPU-s ({float(cpu.group(1)) * 1e6 / changes:.1f} CPU-us per change)"
+                     if cpu else "") + f", load {os.getloadavg()[0]:.1f}", flush=True)
+            execute(source, f"SELECT pg_drop_replication_slot('{SLOT}_{n}')")
+            shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
     return 0
 
 

@@ -18,7 +18,9 @@ from trailbound.sources.postgres.lsn import Lsn
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INT16, _INT32 = struct.Struct("!h"), struct.Struct("!i")
 _OID, _XID_OID = struct.Struct("!I"), struct.Struct("!II")
-_BEGIN, _COMMIT = struct.Struct("!QqI"), struct.Struct("!bQQq")  # after the type byte
+# BEGIN (final LSN, commit time, xid) and COMMIT (flags, commit LSN, end LSN, commit time)
+# after the type byte: fixed sizes, one unpack each
+BEGIN, COMMIT = struct.Struct("!QqI"), struct.Struct("!bQQq")
 _TEXT, _BINARY, _NULL, _UNCHANGED_TOAST = 0x74, 0x62, 0x6E, 0x75  # 't', 'b', 'n', 'u'
 _NEW, _OLD_KEY, _OLD_ROW = 0x4E, 0x4B, 0x4F                       # 'N', 'K', 'O'
 
@@ -334,11 +336,11 @@ class Decoder:
             return self._row_change(data)
         # BEGIN and COMMIT, one each per transaction, have a fixed size: one unpack. Any
         # other size takes the general path, which names the byte where it goes wrong.
-        if kind == 0x42 and len(data) == _BEGIN.size + 1:  # 'B'
-            final_lsn, micros, xid = _BEGIN.unpack_from(data, 1)
+        if kind == 0x42 and len(data) == BEGIN.size + 1:  # 'B'
+            final_lsn, micros, xid = BEGIN.unpack_from(data, 1)
             return Begin(Lsn(final_lsn), pg_time(micros), xid)
-        if kind == 0x43 and len(data) == _COMMIT.size + 1:  # 'C'
-            flags, commit_lsn, end_lsn, micros = _COMMIT.unpack_from(data, 1)
+        if kind == 0x43 and len(data) == COMMIT.size + 1:  # 'C'
+            flags, commit_lsn, end_lsn, micros = COMMIT.unpack_from(data, 1)
             return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), pg_time(micros))
         buf = _Buffer(data)
         kind = buf.byte()

@@ -65,10 +65,10 @@ _CLOSES = frozenset(b"CE")
 
 class Received(NamedTuple):
     """One decoded message and where the server says it belongs (a tuple: one is made
-    per message)."""
+    per message that is not a row change)."""
 
     lsn: Lsn                # ReplicationMessage.data_start
-    sent: datetime          # when the server sent it, by its clock: psycopg2 gives a naive
+    send_time: datetime     # when the server sent it, by its clock: psycopg2 gives a naive
                             # local time (the miner converts only what it archives)
     message: decoder.DecodedMessage
 
@@ -167,9 +167,10 @@ class SlotReader:
 
     # ---------------------------------------------------------------- reading
 
-    def messages(self, until: Lsn, *, patience: float = 60.0) -> Iterator[tuple[int, datetime, bytes]]:
-        """The messages up to `until`, as sent: (their WAL position, when the server sent
-        them, the pgoutput bytes); the caller decodes them. Stops at the first transaction
+    def messages(self, until: Lsn, *, patience: float = 60.0) -> Iterator[psycopg2.extras.ReplicationMessage]:
+        """The messages up to `until`, as sent: psycopg2's ReplicationMessage (data_start:
+        its WAL position; payload: the pgoutput bytes; send_time: a datetime psycopg2 makes
+        at each read of it, so read only where needed); the caller decodes them. Stops at the first transaction
         boundary where the server has sent everything before `until`. `self.safe` is then
         the position the slot may be confirmed to once everything yielded is durable.
         Stops early, at a boundary, if nothing arrives for `patience` seconds."""
@@ -198,7 +199,7 @@ class SlotReader:
                 boundary = False
             elif kind in _CLOSES:
                 boundary = True
-            yield raw.data_start, raw.send_time, payload
+            yield raw
             if boundary:
                 self._mark_boundary()
                 if self.safe is not None and self.safe >= until:
