@@ -63,7 +63,7 @@ STAGES = ("pull", "capture", "pump", "replicat")
 # --- the tables -------------------------------------------------------------------------
 
 # The wide shape's columns beyond its key: 63 of them, every type in turn.
-WIDE_TYPES = [("i", "int", "{n} % 1000"), ("b", "bigint", "{n} * 1000003"), ("n", "numeric(14,4)", "{n} / 7.0"),
+WIDE_TYPES = [("i", "int", "{n} % 1000"), ("b", "bigint", "{n}::bigint * 1000003"), ("n", "numeric(14,4)", "{n} / 7.0"),
               ("t", "text", "'t ' || {n} || ' é'"), ("v", "varchar(40)", "'v' || ({n} % 97)"),
               ("f", "boolean", "{n} % 2 = 0"), ("d", "date", "date '2026-01-01' + ({n} % 300)"),
               ("ts", "timestamptz", "timestamptz '2026-11-01 10:00+00' + {n} * interval '1 second'"),

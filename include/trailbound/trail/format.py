@@ -194,7 +194,7 @@ def with_table_versions(table: pa.Table, versions: dict[str, list[tuple[int, int
     valid = np.zeros(n, dtype=bool)
     if n:
         names = table.column("table").combine_chunks().dictionary_encode()
-        codes = names.indices.to_numpy(zero_copy_only=False)
+        codes = names.indices.fill_null(0).to_numpy(zero_copy_only=False)  # a NULL name: not `valid`
         valid = ~np.asarray(pc.is_null(names.indices).to_numpy(zero_copy_only=False), dtype=bool)
         scns = table.column("src_scn").to_numpy()
         pairs_of = [versions.get(name) or [(0, 1)] for name in names.dictionary.to_pylist()]
