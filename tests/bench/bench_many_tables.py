@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import re
 import shutil
 import subprocess
@@ -43,124 +42,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
-from psycopg2 import sql
 
-from benchdb import cpu_seconds, fresh_database
+
+from benchdb import fresh_database
 from results import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "include"))
+sys.path.insert(0, str(REPO / "tests"))
+from many_tables_kit import SCHEMAS, SHAPES, create_tables, tables_for, workload  # noqa: E402
 from trailbound.devtools.livedemo import LOGICAL_OPTIONS, table_digests  # noqa: E402
 from trailbound.devtools.localpg import LocalServer  # noqa: E402
 
 RESULTS = REPO / "docs" / "benchmarks" / "many-tables.md"
 SERVER = REPO / "var" / "bench-many-tables"
-SCHEMAS = ("sales", "stock", "people", "ledger", "events", "misc")
-SHAPES = ("intkey", "compkey", "uuidkey", "keyless", "wide")
 STAGES = ("pull", "capture", "pump", "replicat")
-
-
-# --- the tables -------------------------------------------------------------------------
-
-# The wide shape's columns beyond its key: 63 of them, every type in turn.
-WIDE_TYPES = [("i", "int", "{n} % 1000"), ("b", "bigint", "{n}::bigint * 1000003"), ("n", "numeric(14,4)", "{n} / 7.0"),
-              ("t", "text", "'t ' || {n} || ' é'"), ("v", "varchar(40)", "'v' || ({n} % 97)"),
-              ("f", "boolean", "{n} % 2 = 0"), ("d", "date", "date '2026-01-01' + ({n} % 300)"),
-              ("ts", "timestamptz", "timestamptz '2026-11-01 10:00+00' + {n} * interval '1 second'"),
-              ("j", "jsonb", "jsonb_build_object('n', {n}, 'a', jsonb_build_array({n}, 'x'))"),
-              ("by", "bytea", "decode(md5({n}::text), 'hex')"), ("u", "uuid", "md5('u' || {n})::uuid"),
-              ("ai", "int[]", "ARRAY[{n}, {n} + 1]"), ("at", "text[]", "ARRAY['a' || {n}, 'b']"),
-              ("fl", "float8", "{n} / 3.0")]
-WIDE_COLUMNS = [(f"{name}{k}", kind, value) for k in range(5) for name, kind, value in WIDE_TYPES][:63]
-
-
-def shape_of(index: int) -> str:
-    return SHAPES[index % len(SHAPES)]
-
-
-def tables_for(count: int) -> list[tuple[str, str, str]]:
-    """(schema, table, shape): `count` tables over the schemas, the shapes in turn."""
-    return [(SCHEMAS[i % len(SCHEMAS)], f"t{i:03d}_{shape_of(i)}", shape_of(i)) for i in range(count)]
-
-
-def create_statement(schema: str, table: str, shape: str) -> sql.Composed:
-    name = sql.Identifier(schema, table)
-    common = "val int, note text, amount numeric(12,2), at timestamptz"
-    if shape == "intkey":
-        body = f"id bigint PRIMARY KEY, {common}"
-    elif shape == "compkey":
-        body = f"id bigint, part text, {common}, PRIMARY KEY (id, part)"
-    elif shape == "uuidkey":
-        body = f"uid uuid PRIMARY KEY, id bigint NOT NULL, {common}"
-    elif shape == "keyless":
-        body = f"id bigint, {common}"
-    else:
-        body = "id bigint PRIMARY KEY, " + ", ".join(f"{column} {kind}" for column, kind, _ in WIDE_COLUMNS)
-    statement = sql.SQL("CREATE TABLE {} (" + body + ")").format(name)
-    if shape == "keyless":
-        statement = sql.Composed([statement, sql.SQL("; ALTER TABLE {} REPLICA IDENTITY FULL").format(name)])
-    return statement
-
-
-def insert_statement(schema: str, table: str, shape: str) -> sql.Composed:
-    """INSERT of the rows with ids %(first)s..%(last)s."""
-    values = {"intkey": "g, g % 1000, 'row ' || g, g * 1.25, now()",
-              "compkey": "g, 'p' || (g % 7), g % 1000, 'row ' || g, g * 1.25, now()",
-              "uuidkey": "md5(g::text)::uuid, g, g % 1000, 'row ' || g, g * 1.25, now()",
-              "keyless": "g, g % 1000, 'row ' || g, g * 1.25, now()",
-              "wide": "g, " + ", ".join(value.format(n="g") for _, _, value in WIDE_COLUMNS)}[shape]
-    return sql.SQL("INSERT INTO {} SELECT " + values.replace("%", "%%") + " FROM generate_series(%(first)s, %(last)s) g").format(
-        sql.Identifier(schema, table))
-
-
-def update_statement(schema: str, table: str, shape: str) -> sql.Composed:
-    changes = ("i0 = i0 + 1, t1 = t1 || '+', j2 = j2 || jsonb_build_object('u', 1), ts3 = now()" if shape == "wide" else
-               "val = val + 1, note = note || '+', at = now()")
-    return sql.SQL("UPDATE {} SET " + changes + " WHERE id = ANY(%(ids)s)").format(sql.Identifier(schema, table))
-
-
-def delete_statement(schema: str, table: str) -> sql.Composed:
-    return sql.SQL("DELETE FROM {} WHERE id = ANY(%(ids)s)").format(sql.Identifier(schema, table))
-
-
-# --- the workload ------------------------------------------------------------------------
-
-def workload(dsn: str, tables: list[tuple[str, str, str]], changes: int, seed: int) -> int:
-    """Random transactions until `changes` row changes; the draws are the same whatever
-    the table count except the table a touch picks. Returns the number of transactions."""
-    draws, picks = random.Random(seed), random.Random(seed + 1)
-    live: list[list[int]] = [[] for _ in tables]
-    next_id = [1] * len(tables)
-    statements = {i: (insert_statement(*t), update_statement(*t), delete_statement(*t[:2]))
-                  for i, t in enumerate(tables)}
-    connection = psycopg2.connect(dsn)
-    done = transactions = 0
-    with connection.cursor() as cur:
-        while done < changes:
-            for _ in range(draws.randint(1, 20)):
-                i = picks.randrange(len(tables))
-                rows = min(draws.randint(1, 5), changes - done) or 1
-                kind = draws.random()
-                insert, update, delete = statements[i]
-                if len(live[i]) < 5 or kind < 0.5:
-                    first = next_id[i]
-                    next_id[i] += rows
-                    cur.execute(insert, {"first": first, "last": first + rows - 1})
-                    live[i].extend(range(first, first + rows))
-                elif kind < 0.85:
-                    cur.execute(update, {"ids": draws.sample(live[i], rows)})
-                else:
-                    gone = draws.sample(live[i], rows)
-                    cur.execute(delete, {"ids": gone})
-                    gone_set = set(gone)
-                    live[i] = [k for k in live[i] if k not in gone_set]
-                done += rows
-                if done >= changes:
-                    break
-            connection.commit()
-            transactions += 1
-    connection.close()
-    return transactions
 
 
 # --- measuring a stage -------------------------------------------------------------------
@@ -214,7 +110,7 @@ def server_cpu(server: LocalServer) -> float:
     postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
     fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
     total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total + sum(cpu_seconds(child) for child in _children(postmaster))
+    return total + sum(used for used in map(_own_cpu, _children(postmaster)) if used is not None)  # one may just have ended
 
 
 @dataclass
@@ -278,14 +174,7 @@ def one_run(server: LocalServer, count: int, changes: int, seed: int) -> dict:
     source = fresh_database(admin, f"many_source_{tag}")
     metadata = fresh_database(admin, f"many_meta_{tag}")
     target = fresh_database(admin, f"many_target_{tag}")
-    connection = psycopg2.connect(source)
-    with connection.cursor() as cur:
-        for schema in sorted({s for s, _, _ in tables}):
-            cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        for table in tables:
-            cur.execute(create_statement(*table))
-    connection.commit()
-    connection.close()
+    create_tables(source, tables)
     env = {**os.environ, "TRAILBOUND_BENCH_SOURCE_DSN": source, "TRAILBOUND_METADATA_DSN": metadata,
            "TRAILBOUND_TARGET_DSN": target, "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
            "TRAILBOUND_CONFIG": str(write_config(work, tables))}
@@ -369,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     server = LocalServer(SERVER, options=LOGICAL_OPTIONS + " -c max_wal_size=4GB", databases=()).start()
+    # The benchmark's own server: a slot an interrupted run left behind would refuse `add source`.
+    admin = psycopg2.connect(server.dsn())
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active")
+    admin.close()
     try:
         runs = [one_run(server, count, args.changes, args.seed) for count in (args.tables, args.baseline)]
     finally:
