@@ -146,6 +146,41 @@ def test_written_lines_are_the_images_as_copy_text_and_the_digest_covers_them(tm
         assert error.value.path == str(copy)
 
 
+def test_many_tables_get_the_lines_each_would_get_alone():
+    """Tables are parsed in batches (copytext.insert_lines): tables sharing a column of
+    another kind, a table whose image does not fit its layout, tables of one layout and
+    of others, interleaved: every line is the one its table alone gets, and the table
+    whose image does not fit gets none while the tables batched with it keep theirs."""
+    layouts = {f"s.t{i}": T_LAYOUT for i in range(4)}
+    layouts |= {"s.text_id": (("id", "text"), ("note", "text")),        # `id` of another kind: another batch
+                "s.narrow": (("id", "integer"), ("ok", "boolean")),
+                "s.bad": (("id", "integer"), ("note", "text"))}
+    changes = []
+    for n in range(40):
+        table = f"s.t{n % 4}"
+        changes.append(("INSERT", table, None, {"id": n, "note": f"n\t{n}", "score": n / 4, "ok": n % 2 == 0,
+                                                 "big": n * 10, "amount": f"{n}.5"}))
+        changes.append(("INSERT", "s.text_id", None, {"id": f"k{n}", "note": None}))
+        changes.append(("INSERT", "s.narrow", None, {"id": n, "ok": None, "unknown": [1]}))
+        changes.append(("UPDATE", table, {"id": n}, {"id": n, "note": "x"}))
+    changes.insert(7, ("INSERT", "s.bad", None, {"id": 1, "note": "fits"}))
+    changes.insert(30, ("INSERT", "s.bad", None, {"id": "not an integer", "note": "x"}))
+    records = _records([(f"T{i}", changes[i:i + 9]) for i in range(0, len(changes), 9)])
+
+    lines, used = copytext.insert_lines(records, layouts)
+    alone = [None] * len(records)
+    for name, table_layout in layouts.items():
+        mine = [i for i, (op, table) in enumerate(zip(records["op"].to_pylist(), records["table"].to_pylist()))
+                if op == "INSERT" and table == name]
+        one, one_used = copytext.insert_lines(records.take(mine), {name: table_layout})
+        assert (name in used) == (name in one_used)
+        for i, line in zip(mine, one.to_pylist()):
+            alone[i] = line
+    assert lines.to_pylist() == alone
+    assert set(used) == set(layouts) - {"s.bad"}
+    assert alone[0] == "0\tn\\t0\t0\ttrue\t0\t0.5\n" and alone[1] == "k0\t\\N\n" and alone[2] == "0\t\\N\n"
+
+
 # ---------------------------------------------------------------- replicat
 
 ITEMS = {"name": "shop.items", "key": ["id"], "columns": [   # the key is not the first column

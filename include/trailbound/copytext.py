@@ -129,7 +129,14 @@ def insert_lines(records: pa.Table, layouts: dict[str, Layout]) -> tuple[pa.Arra
     """The COPY line of each INSERT record (columns `op`, `table`, `after`) of a table in
     `layouts`, NULL for every other record; and the layouts of the tables given lines. A
     table any of whose inserted images does not parse into its layout gets none (its
-    reader parses the images itself, and meets the same error)."""
+    reader parses the images itself, and meets the same error).
+
+    The cost is per batch of tables, not per table (a batch of hundreds of tables costs
+    what a few do): the images of tables whose layouts agree on every shared column's
+    kind are parsed in one read of the union of their columns, each column cast to COPY
+    text once, and the lines of the tables of one layout joined in one pass. A batch
+    whose images do not all parse is parsed again table by table, as each table alone
+    would be."""
     n = len(records)
     lines = pa.nulls(n, pa.string())
     if not n or not layouts:
@@ -139,19 +146,20 @@ def insert_lines(records: pa.Table, layouts: dict[str, Layout]) -> tuple[pa.Arra
         return lines, {}
     rows = np.flatnonzero(inserted)
     tables = records.column("table").take(pa.array(rows)).combine_chunks().dictionary_encode()
-    codes = tables.indices.to_numpy()
-    images = records.column("after").take(pa.array(rows))
+    codes = tables.indices.to_numpy(zero_copy_only=False)
+    images = records.column("after").take(pa.array(rows)).combine_chunks()
+    order = np.argsort(codes, kind="stable")  # each table's inserts together, in record order
+    bounds = np.searchsorted(codes[order], np.arange(len(tables.dictionary) + 1))
+    mine = {name: order[bounds[code]:bounds[code + 1]] for code, name in enumerate(tables.dictionary.to_pylist())
+            if name in layouts}
     pieces, used = [], {}
-    for code, name in enumerate(tables.dictionary.to_pylist()):
-        if name not in layouts:
-            continue
-        mine = np.flatnonzero(codes == code)
-        schema = pa.schema([(column, KINDS[kind]) for column, kind in layouts[name]])
-        parsed = _parse(images.take(pa.array(mine)), schema)
-        if parsed is None:
-            continue
-        pieces.append((rows[mine], copy_lines([copy_values(column) for column in parsed.columns])))
-        used[name] = layouts[name]
+    for batch in _compatible_batches({name: layouts[name] for name in mine}):
+        made = _batch_lines(images, {name: mine[name] for name in batch}, layouts)
+        if made is None:  # an image that does not fit: each table alone decides
+            made = [piece for name in batch for piece in _batch_lines(images, {name: mine[name]}, layouts) or []]
+        for where, piece, names in made:
+            pieces.append((rows[where], piece))
+            used.update((name, layouts[name]) for name in names)
     if not pieces:
         return lines, {}
     # Scatter: each line to its record's place, NULL elsewhere.
@@ -161,6 +169,51 @@ def insert_lines(records: pa.Table, layouts: dict[str, Layout]) -> tuple[pa.Arra
     order = np.full(n, len(values), dtype=np.int64)
     order[at] = np.arange(len(at))
     return pa.concat_arrays([values, pa.nulls(1, pa.string())]).take(pa.array(order)), used
+
+
+def _compatible_batches(layouts: dict[str, Layout]) -> list[list[str]]:
+    """The tables in batches whose layouts give each column name one kind (first fit)."""
+    batches: list[tuple[list[str], dict[str, str]]] = []
+    for name, columns in layouts.items():
+        for names, kinds in batches:
+            if all(kinds.get(column, kind) == kind for column, kind in columns):
+                names.append(name)
+                kinds.update(columns)
+                break
+        else:
+            batches.append(([name], dict(columns)))
+    return [names for names, _ in batches]
+
+
+def _batch_lines(images: pa.Array, rows: dict[str, np.ndarray],
+                 layouts: dict[str, Layout]) -> list[tuple[np.ndarray, pa.Array, list[str]]] | None:
+    """(positions in `images`, their lines, the tables) per layout of the tables in
+    `rows` (name: positions of its images), parsed in one read; None if an image does
+    not parse into the union of their layouts."""
+    union: dict[str, str] = {}
+    for name in rows:
+        union.update(layouts[name])
+    everything = np.concatenate(list(rows.values()))
+    parsed = _parse(images.take(pa.array(everything)), pa.schema([(c, KINDS[k]) for c, k in union.items()]))
+    if parsed is None:
+        return None
+    text = {}  # each column's COPY text, made once for the batch
+    by_layout: dict[Layout, list[str]] = {}
+    for name in rows:
+        by_layout.setdefault(layouts[name], []).append(name)
+    starts = np.cumsum([0] + [len(part) for part in rows.values()])
+    local = {name: np.arange(starts[i], starts[i + 1]) for i, name in enumerate(rows)}
+    made = []
+    for layout_, names in by_layout.items():
+        at = np.concatenate([local[name] for name in names])
+        whole = len(by_layout) == 1
+        values = []
+        for column, _ in layout_:
+            if column not in text:
+                text[column] = copy_values(parsed.column(column))
+            values.append(text[column] if whole else text[column].take(pa.array(at)))
+        made.append((everything[at], copy_lines(values), names))
+    return made
 
 
 def layouts_of(defs: dict) -> dict[str, Layout]:

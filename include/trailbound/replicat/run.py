@@ -431,7 +431,7 @@ class _Run:
             return  # a piece of a transaction applied before: the position moves past it at its last piece
         if chunk.net is not None:
             self.fast.prepare(chunk.net.tables())
-            self.fast.stage(chunk.net.staged)
+            self.fast.stage(chunk.net.staged_for(_set_based_units(chunk)))
         if self.parallel is not None and not (self.versions is not None and self.versions.pending):
             with self.connection.cursor() as cur:
                 quiet = self.windows.quiet(cur, chunk)
@@ -852,6 +852,18 @@ def _mapped(counts: TableCounts, plans) -> TableCounts:
             mapped.tables[table] = row
             mapped.targets[table] = plan.target
     return mapped
+
+
+def _set_based_units(chunk: Chunk) -> list[int]:
+    """The units of the chunk's groups that the fast path may apply: a group with a change
+    the net change cannot apply as a set is replayed whole (apply_units), so staging its
+    rows would only cost round trips (a COPY per table: hundreds, on hundreds of tables)."""
+    units = []
+    for group in chunk.groups:
+        mine = [unit for unit, truncated in group.units if truncated is None]
+        if not any(entry.unresolved for unit in mine for entry in chunk.net.units.get(unit, ())):
+            units += mine
+    return units
 
 
 def _row_values(group: Group) -> dict:

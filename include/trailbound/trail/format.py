@@ -194,12 +194,21 @@ def with_table_versions(table: pa.Table, versions: dict[str, list[tuple[int, int
     valid = np.zeros(n, dtype=bool)
     if n:
         names = table.column("table").combine_chunks().dictionary_encode()
-        codes = names.indices.to_numpy(zero_copy_only=False)
+        codes = names.indices.fill_null(0).to_numpy(zero_copy_only=False)  # a NULL name: not `valid`
         valid = ~np.asarray(pc.is_null(names.indices).to_numpy(zero_copy_only=False), dtype=bool)
         scns = table.column("src_scn").to_numpy()
-        for code, name in enumerate(names.dictionary.to_pylist()):
-            rows = np.flatnonzero(valid & (codes == code))
-            pairs = versions.get(name) or [(0, 1)]
+        pairs_of = [versions.get(name) or [(0, 1)] for name in names.dictionary.to_pylist()]
+        # A table of one version (most of hundreds) by one lookup for all of them; the
+        # others' rows from one sort, not a scan of every row per table.
+        first = np.array([pairs[0][1] for pairs in pairs_of], dtype=np.int32)
+        result[valid] = first[codes[valid]]
+        order = np.flatnonzero(valid)
+        order = order[np.argsort(codes[order], kind="stable")]
+        bounds = np.searchsorted(codes[order], np.arange(len(pairs_of) + 1))
+        for code, pairs in enumerate(pairs_of):
+            rows = order[bounds[code]:bounds[code + 1]]
+            if len(pairs) == 1 or not len(rows):
+                continue
             starts = np.array([scn for scn, _ in pairs], dtype=np.int64)
             numbers = np.array([number for _, number in pairs], dtype=np.int32)
             result[rows] = numbers[np.maximum(np.searchsorted(starts, scns[rows], side="right") - 1, 0)]

@@ -87,6 +87,11 @@ class NetRows:
             else:
                 entry.inserts = (part, a, b)
 
+    def staged_for(self, units) -> dict[str, memoryview]:
+        """`staged` of the tables with staged lines in `units` only."""
+        tables = {entry.table for unit in units for entry in self.units.get(unit, ()) if entry.staged is not None}
+        return {name: payload for name, payload in self.staged.items() if name in tables}
+
     def tables(self) -> set[str]:
         """The source tables the chunk's net rows touch."""
         return {entry.table for entries in self.units.values() for entry in entries}
