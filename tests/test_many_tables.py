@@ -29,6 +29,7 @@ TABLES = tables_for(40, schemas=3)
 NAMES = [(schema, table) for schema, table, _ in TABLES]
 
 
+@pytest.mark.long_running(90)
 def test_forty_tables_of_every_key_kind_under_random_transactions(source_dsn, target_dsn, store, spark, tmp_path,
                                                                   monkeypatch):
     monkeypatch.setenv(SOURCE_ENV, source_dsn)
