@@ -158,31 +158,28 @@ def mb(value: int) -> str:
 # ---------------------------------------------------------------- replicat: one UPDATE transaction of N rows
 
 def write_update_trail(rows: int, prefix: Path) -> list:
-    """ONE transaction of `rows` UPDATEs of shop.orders ids 1..rows, as trail files."""
+    """ONE transaction of `rows` UPDATEs of shop.orders ids 1..rows, as a trail file
+    (written as capture's tasks write theirs, a row group at a time)."""
     from trailbound.positions import Scn
     from trailbound.trail import format as trail
 
-    writer = trail.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=Scn(1))
-    names = [name for name in trail.COLUMNS if name != "copy_line"]
-    schema = pa.schema([trail.SCHEMA.field(name) for name in names])
+    names = [name for name in trail.COLUMNS if name not in ("rba", "trans_ind", "copy_line", "table_version")]
+    schema = pa.schema([trail.SCHEMA.field(name) for name in names] + [("file_no", pa.int64())])
     statuses = ("paid", "packed", "shipped")
-    for start in range(1, rows + 1, BATCH):
-        ids = range(start, min(rows, start + BATCH - 1) + 1)
-        n = len(ids)
-        ind = [1] * n
-        if start == 1:
-            ind[0] = 0
-        if ids[-1] == rows:
-            ind[-1] = 2 if rows > 1 else 3
-        columns = {
-            "rba": [0] * n, "trans_ind": ind, "csn": [10] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n,
-            "csn_rba": [1] * n, "xid": ["X1"] * n, "commit_ts": [T0] * n, "op": ["UPDATE"] * n,
-            "table": ["shop.orders"] * n, "before": [f'{{"id":{i}}}' for i in ids],
-            "after": [f'{{"id":{i},"status":"{statuses[i % 3]}"}}' for i in ids],
-            "src_thread": [1] * n, "src_sequence": [1] * n, "src_rba": list(ids), "src_scn": [9] * n,
-            "log_bsn": [1] * n}
-        writer.add(pa.RecordBatch.from_pydict(columns, schema=schema))
-    return writer.close()
+
+    def batches():
+        for start in range(1, rows + 1, BATCH):
+            ids = range(start, min(rows, start + BATCH - 1) + 1)
+            n = len(ids)
+            columns = {
+                "csn": [10] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n,
+                "csn_rba": [1] * n, "xid": ["X1"] * n, "commit_ts": [T0] * n, "op": ["UPDATE"] * n,
+                "table": ["shop.orders"] * n, "before": [f'{{"id":{i}}}' for i in ids],
+                "after": [f'{{"id":{i},"status":"{statuses[i % 3]}"}}' for i in ids],
+                "src_thread": [1] * n, "src_sequence": [1] * n, "src_rba": list(ids), "src_scn": [9] * n,
+                "log_bsn": [1] * n, "file_no": [0] * n}
+            yield pa.RecordBatch.from_pydict(columns, schema=schema)
+    return list(trail.write_planned_files(prefix, 1, batches(), group="BENCH", log_bsn=Scn(1)))
 
 
 def preload_orders(target_dsn: str, defs, rows: int) -> None:
@@ -228,8 +225,8 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
         f"    exttrail: dirdat/lt\n    source: BENCH\n    map:\n      - {{source: shop.orders, target: shop.orders}}\n")
     results = []
     for name, include in engines.items():
-        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}")
-        target_dsn = fresh_database(servers[1], f"trailbound_bench_huge_target_{rows}")
+        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}_{work.name}".replace("-", "_"))
+        target_dsn = fresh_database(servers[1], f"trailbound_bench_huge_target_{rows}_{work.name}".replace("-", "_"))
         with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
             tgt.create_tables(cur, {"shop.orders": defs["shop.orders"]},
                               [MapRule(source="shop.orders", target="shop.orders")])
@@ -302,7 +299,7 @@ def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> l
     results = []
     for name, include in engines.items():
         shutil.rmtree(home / "dirdat", ignore_errors=True)
-        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}")
+        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}_{work.name}".replace("-", "_"))
         # Spark's default driver heap, said explicitly: the setting the issue's numbers assume.
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
@@ -353,6 +350,8 @@ def main() -> int:
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
     parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture"])
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
+                        help="the runs' directory (one per concurrent run of this script)")
     args = parser.parse_args()
     engines = {name: Path(path).resolve() for name, path in (e.split("=", 1) for e in args.engines)}
 
@@ -361,7 +360,7 @@ def main() -> int:
     from trailbound.metadata import dsn_from_env
     from trailbound.sources.simulator import source_tables
 
-    work = REPO / "var" / "bench" / "huge"
+    work = args.work.resolve()
     write_defs(work / "archive", [t.definition() for t in source_tables()])
     defs = load_defs(work / "archive")
     servers = (dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN"))
