@@ -30,7 +30,6 @@ import io
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 import psutil
 import psycopg2
 import pyarrow as pa
+import pyarrow.parquet as pq
 from psycopg2 import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,6 +65,7 @@ class PeakSampler:
         self.pid, self.interval = pid, interval
         self.peaks: dict[str, int] = {}
         self.tree_peak = 0
+        self._cpu: dict[int, float] = {}  # per process, its user + system CPU seconds when last seen
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -104,6 +105,11 @@ class PeakSampler:
                         rss = max(rss, hwm or 0)
                 except psutil.Error:
                     continue
+                try:
+                    times = process.cpu_times()
+                    self._cpu[process.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
                 # Asked each time: spark-submit's shell script execs the JVM under its own pid.
                 kind = self.kind(process, self.pid)
                 self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
@@ -116,6 +122,12 @@ class PeakSampler:
     def join(self) -> None:
         self._thread.join(timeout=10)
 
+    @property
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every process of the tree, as last sampled (a process's
+        last 0.2 s before it ended are missed)."""
+        return sum(self._cpu.values())
+
 
 def _vmhwm(pid: int) -> int | None:
     try:
@@ -127,28 +139,21 @@ def _vmhwm(pid: int) -> int | None:
     return None
 
 
-def run_measured(command: list[str], env: dict) -> tuple[float, dict[str, int], int, str, str]:
-    """Run `command`; its wall time, peak RSS per kind of process, the tree's peak, output."""
-    started, cpu_before = time.perf_counter(), _children_cpu()
+def run_measured(command: list[str], env: dict) -> tuple[float, float, dict[str, int], int, str, str]:
+    """Run `command`; its wall time, CPU time, peak RSS per kind of process, the tree's
+    peak, output."""
+    started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = PeakSampler(process.pid)
     out, err = process.communicate()
     seconds = time.perf_counter() - started
     sampler.join()
-    cpu = _children_cpu() - cpu_before
-    print(f"    CPU (user + system of the process tree, as waited for): {cpu:.1f} s", flush=True)
+    cpu = sampler.cpu_seconds
     if process.returncode != 0:
         peaks = {k: mb(v) for k, v in sampler.peaks.items()}
         raise SystemExit(f"{' '.join(command[-4:])} failed ({process.returncode}) after {seconds:.1f} s, "
-                         f"peaks {peaks}, tree {mb(sampler.tree_peak)}:\n{err[-3000:]}")
-    return seconds, sampler.peaks, sampler.tree_peak, out, err
-
-
-def _children_cpu() -> float:
-    """User + system CPU seconds of this process's children that have ended (and of
-    their descendants that those waited for: the JVM, Spark's Python workers)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+                         f"CPU {cpu:.1f} s, peaks {peaks}, tree {mb(sampler.tree_peak)}:\n{err[-3000:]}")
+    return seconds, cpu, sampler.peaks, sampler.tree_peak, out, err
 
 
 def mb(value: int) -> str:
@@ -240,14 +245,15 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
                              str(f.last_csn), f.log_bsn.value))
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "TRAILBOUND_TARGET_DSN": target_dsn}
-        seconds, peaks, tree, out, _ = run_measured(
+        seconds, cpu, peaks, tree, out, _ = run_measured(
             [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "replicat", "run",
              "REP1"], env)
         count, digest = orders_digest(target_dsn)
         line = out.strip().splitlines()[-1] if out.strip() else ""
-        print(f"  {name}: {seconds:.1f} s, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
+        print(f"  {name}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
               f"    {line}\n    target: {count:,} rows, md5 {digest}", flush=True)
-        results.append({"stage": "replicat", "rows": rows, "engine": name, "seconds": seconds, "peaks": peaks,
+        results.append({"stage": "replicat", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks,
                         "tree": tree, "said": line, "digest": digest, "count": count})
     digests = {r["digest"] for r in results}
     assert len(digests) == 1, f"the engines left different targets: {digests}"
@@ -303,16 +309,19 @@ def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> l
         # Spark's default driver heap, said explicitly: the setting the issue's numbers assume.
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
-        seconds, peaks, tree, out, _ = run_measured(
+        seconds, cpu, peaks, tree, out, _ = run_measured(
             [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "extract", "run",
              "EXT1"], env)
         line = out.strip().splitlines()[-1] if out.strip() else ""
-        from trailbound.trail import format as trail
-        written = sum(trail.read_metadata(path)["records"] for path in trail.existing_files(home / "dirdat" / "lt"))
-        assert written == rows, f"capture {name} wrote {written:,} records, not {rows:,}"
-        print(f"  capture {name}: {seconds:.1f} s, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
-              f"    {line}", flush=True)
-        results.append({"stage": "capture", "rows": rows, "engine": name, "seconds": seconds, "peaks": peaks,
+        print(f"  capture {name}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks "
+              f"{({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n    {line}", flush=True)
+        # Read with pyarrow alone: the footers of every trail format (the engine under test
+        # may write another one than this process's trailbound reads).
+        written = sum(json.loads(pq.read_schema(path).metadata[b"trailbound.trail"])["records"]
+                      for path in sorted((home / "dirdat").glob("lt?????????")))
+        print(f"    trail: {written:,} records", flush=True)
+        results.append({"stage": "capture", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks,
                         "tree": tree, "said": line})
     return results
 
@@ -330,12 +339,12 @@ def report(results: list[dict], command: str) -> str:
         "",
         f"    {command}",
         "",
-        "| stage | row changes in the one transaction | engine | wall time | " + " | ".join(kinds)
+        "| stage | row changes in the one transaction | engine | wall time | CPU | " + " | ".join(kinds)
         + " | whole tree (sampled) |",
-        "| --- | ---: | --- | ---: | " + " | ".join("---:" for _ in kinds) + " | ---: |",
+        "| --- | ---: | --- | ---: | ---: | " + " | ".join("---:" for _ in kinds) + " | ---: |",
     ]
     for r in results:
-        lines.append(f"| {r['stage']} | {r['rows']:,} | {r['engine']} | {r['seconds']:.1f} s | "
+        lines.append(f"| {r['stage']} | {r['rows']:,} | {r['engine']} | {r['seconds']:.1f} s | {r['cpu']:.1f} s | "
                      + " | ".join(mb(r["peaks"][k]) if k in r["peaks"] else "-" for k in kinds)
                      + f" | {mb(r['tree'])} |")
     lines += ["", "What each run printed:", ""]
