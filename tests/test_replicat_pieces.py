@@ -81,7 +81,7 @@ def test_a_transaction_longer_than_chunk_records_is_applied_in_pieces_inside_one
 
 
 def test_capture_writes_a_long_transaction_a_row_group_at_a_time_and_it_reads_back_whole(
-        tmp_path, spark, store, target_dsn, capsys):
+        tmp_path, spark, store, target_dsn, capsys, monkeypatch):
     """Capture's trail write streams: Spark hands the task 1,000-record batches, the
     writer cuts them into the file's row groups (4,096 records, then the rest) and hashes
     each as it goes, holding never the whole transaction. The file must read back as one
@@ -115,6 +115,8 @@ def test_capture_writes_a_long_transaction_a_row_group_at_a_time_and_it_reads_ba
                              log_bsn=Scn(written["log_bsn"][0].as_py()))
     assert (whole.sha256, trail.read_metadata(whole.path)) == (file_sha256(path), trail.read_metadata(path))
 
+    monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
+    monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
     assert cli.main(["--config", str(config_path), "replicat", "run", "REP1"]) == 0
     assert "1 transaction(s) longer than chunk_records applied in 5 pieces" in capsys.readouterr().out
     assert orders(target_dsn) == {9001: "n9001", **{key: f"n{key}" for key in keys}, 9002: "n9002"}
