@@ -326,6 +326,61 @@ def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> l
     return results
 
 
+# ---------------------------------------------------------------- capture's trail write alone
+
+# What a capture task runs, in a process of its own: write_planned_files over Spark-sized
+# batches (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000) of ONE transaction of N
+# INSERTs, with the copy lines and table versions capture gives it.
+TRAIL_WRITE = """
+import sys
+from pathlib import Path
+import pyarrow as pa
+from trailbound import copytext
+from trailbound.archive.segments import load_defs, versions_of
+from trailbound.positions import Scn
+from trailbound.trail import format as trail
+
+rows, archive, prefix = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+defs = load_defs(archive)
+names = [n for n in trail.COLUMNS if n not in ("rba", "trans_ind", "copy_line", "table_version")]
+schema = pa.schema([trail.SCHEMA.field(n) for n in names] + [("file_no", pa.int64())])
+T0 = pa.scalar(0, pa.timestamp("us", tz="UTC"))
+
+def batches(size=10_000):
+    for start in range(1, rows + 1, size):
+        ids = range(start, min(rows, start + size - 1) + 1)
+        n = len(ids)
+        yield pa.RecordBatch.from_pydict({
+            "csn": [rows + 1] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n, "csn_rba": [rows] * n,
+            "xid": ["X1"] * n, "commit_ts": pa.array([0] * n, pa.timestamp("us", tz="UTC")), "op": ["INSERT"] * n,
+            "table": ["shop.orders"] * n, "before": [None] * n,
+            "after": [f'{{"id":{i},"customer_id":7,"status":"new","total":"12.50"}}' for i in ids],
+            "src_thread": [1] * n, "src_sequence": [1 + i // 500_000 for i in ids], "src_rba": list(ids),
+            "src_scn": list(ids), "log_bsn": [1] * n, "file_no": [0] * n}, schema=schema)
+
+files = list(trail.write_planned_files(prefix, 1, batches(), group="BENCH", log_bsn=Scn(1),
+                                      layouts=copytext.layouts_of(defs), versions=versions_of(defs)))
+print(f"{sum(f.records for f in files)} records in {len(files)} file(s)")
+"""
+
+
+def bench_trailwrite(rows: int, engines: dict[str, Path], work: Path) -> list[dict]:
+    results = []
+    for name, include in engines.items():
+        home = work / f"trailwrite-{rows}-{name}"
+        shutil.rmtree(home, ignore_errors=True)
+        env = {**os.environ, "PYTHONPATH": str(include)}
+        seconds, cpu, peaks, tree, out, _ = run_measured(
+            [sys.executable, "-c", TRAIL_WRITE, str(rows), str(work / "archive"), str(home / "lt")], env)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"  trail write {name} {rows:,}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peak {mb(tree)}: {line}",
+              flush=True)
+        results.append({"stage": "trail write", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks, "tree": tree, "said": line})
+        shutil.rmtree(home, ignore_errors=True)
+    return results
+
+
 # ---------------------------------------------------------------- the report
 
 def report(results: list[dict], command: str) -> str:
@@ -357,7 +412,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
     parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
-    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture"])
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite"])
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
                         help="the runs' directory (one per concurrent run of this script)")
@@ -379,6 +434,8 @@ def main() -> int:
             results += bench_replicat(rows, engines, work, defs, servers)
         if "capture" in args.stages:
             results += bench_capture(rows, engines, work, servers)
+        if "trailwrite" in args.stages:
+            results += bench_trailwrite(rows, engines, work)
     command = "PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py " + " ".join(sys.argv[1:])
     text = report(results, command)
     print(text)
