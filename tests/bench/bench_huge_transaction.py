@@ -5,8 +5,9 @@ source transaction of N row changes, before and after (issue 42, item 4).
         --rows 1500000 3000000 --engines before=var/bench/engine-a347c2b/include after=include
 
 Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (`export $(.venv/bin/python -m
-trailbound.devtools.localpg env var/pg)`); uses databases `trailbound_bench_huge_meta` and
-`..._target`, dropped and created afresh. An engine is an `include` directory: make the
+trailbound.devtools.localpg env var/pg)`); uses databases `trailbound_bench_huge_meta_N_WORK` and
+`..._target_N_WORK` (N the rows, WORK the `--work` directory's name, so that runs side by side
+do not share them), dropped and created afresh. An engine is an `include` directory: make the
 one before with `git archive a347c2b include | tar -x -C var/bench/engine-a347c2b`.
 
 Replicat: the target is preloaded (untimed) with N rows of shop.orders; the trail holds
@@ -20,7 +21,14 @@ must leave the same target (one MD5 over the table).
 
 Capture (`--capture`): an archive segment holding ONE transaction of N INSERTs, captured
 by `trailbound extract run` (a child process: the driver, its JVM and the Python workers
-Spark starts, each sampled), wall time and peak RSS per process.
+Spark starts, each sampled), wall time and peak RSS per process. With
+PYSPARK_SUBMIT_ARGS=--driver-memory 1g (Spark's default, said explicitly).
+
+Trail write (`--stages trailwrite`): what a capture task runs, alone in a process of its
+own: trail.format.write_planned_files over 10,000-record batches of ONE transaction of N
+INSERTs, with capture's copy lines and table versions; its peak RSS and CPU.
+
+CPU is the user + system time of every process of the tree, as last sampled.
 """
 
 from __future__ import annotations
