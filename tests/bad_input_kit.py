@@ -481,7 +481,9 @@ def _rewrite_trail(path: Path, change: Callable[[pa.Table, dict], tuple[pa.Table
     raw = pq.read_table(path)
     meta = json.loads(raw.schema.metadata[b"trailbound.trail"])
     table, meta = change(raw.replace_schema_metadata(None), meta)
-    pq.write_table(table.replace_schema_metadata({b"trailbound.trail": json.dumps(meta).encode()}), path,
+    # The footer's other keys (a version 4 file's copy-line layouts) stay as they were.
+    footer = raw.schema.metadata | {b"trailbound.trail": json.dumps(meta).encode()}
+    pq.write_table(table.replace_schema_metadata(footer), path,
                    compression="zstd", write_page_checksum=True)
 
 

@@ -124,7 +124,7 @@ def captured(tmp_path, spark, store, target_dsn, records, **options):
     from trailbound.replicat import target as tgt
 
     archive = new_archive(tmp_path)
-    archive.segment(1, records, 1000)
+    archive.segment(1, records, max(1000, max(r["scn"] for r in records) + 1))
     config_path = write_config(tmp_path, tables=("shop.*",), **options)
     config = configuration.load(config_path)
     run_extract(spark, store, config, "EXT1")

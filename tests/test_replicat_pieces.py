@@ -1,21 +1,27 @@
 """A source transaction longer than replicat's chunk_records is applied in pieces (chunks
 of chunk_records records each) inside its one target transaction: the target never holds
 part of it, a crash between pieces or a row the target refuses leaves the checkpoint row
-where it was, and the rerun converges."""
+where it was, and the rerun converges. On capture's side, such a transaction is written
+into its trail file a row group at a time, with a running digest."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import psycopg2
+import pyarrow.parquet as pq
 import pytest
 
 from capture_kit import ins, rec
 from replicat_kit import captured as _captured, checkpoint_row, orders
 from trailbound import cli
 from trailbound.crash import CRASH_ENV
+from trailbound.durable import file_sha256
+from trailbound.positions import Scn
+from trailbound.trail import format as trail
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
@@ -33,7 +39,7 @@ APPLIED = {**AFTER_T1, **{key: f"n{key}" for key in T2_KEYS if key != 11}, 10: "
 
 
 def test_a_transaction_longer_than_chunk_records_is_applied_in_pieces_inside_one_target_transaction(
-        tmp_path, spark, store, target_dsn, capsys, monkeypatch):
+        tmp_path, spark, store, target_dsn):
     config_path, _ = _captured(tmp_path, spark, store, target_dsn, RECORDS, grouptransops=1, chunk_records=4)
     env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, "TRAILBOUND_TARGET_DSN": target_dsn}
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
@@ -72,3 +78,40 @@ def test_a_transaction_longer_than_chunk_records_is_applied_in_pieces_inside_one
     assert orders(target_dsn) == APPLIED
     row = checkpoint_row(target_dsn)
     assert (row["seqno"], row["rba"]) == (1, 26)
+
+
+def test_capture_writes_a_long_transaction_a_row_group_at_a_time_and_it_reads_back_whole(
+        tmp_path, spark, store, target_dsn):
+    """Capture's trail write streams: Spark hands the task 1,000-record batches, the
+    writer cuts them into the file's row groups (4,096 records, then the rest) and hashes
+    each as it goes, holding never the whole transaction. The file must read back as one
+    writer of the whole would have written it: the records in log order, the 5,000-record
+    transaction's indicators BEGIN ... END across the cuts (a one-record transaction on
+    each side), the footer's digest the one a reader computes over the whole file, the
+    same bytes as a file written from the whole table at once (which replicat applies in
+    pieces: the test above)."""
+    keys = range(1, 5001)
+    records = ([ins(1, "TA", 9001), rec(2, "TA", "COMMIT")]
+               + [ins(10 + i, "TB", key) for i, key in enumerate(keys)] + [rec(5010, "TB", "COMMIT")]
+               + [ins(5020, "TC", 9002), rec(5021, "TC", "COMMIT")])
+    batch = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(batch)
+    spark.conf.set(batch, "1000")
+    try:
+        _captured(tmp_path, spark, store, target_dsn, records)
+    finally:
+        spark.conf.set(batch, before)
+
+    (path,) = sorted(tmp_path.rglob("lt?????????"))
+    assert [group.num_rows for group in (pq.ParquetFile(path).metadata.row_group(i) for i in range(2))] \
+        == [trail.FIRST_ROW_GROUP_RECORDS, 5002 - trail.FIRST_ROW_GROUP_RECORDS]
+    written = trail.read_file(path)  # checks the count, the rbas and the content digest over the whole file
+    assert written["rba"].to_pylist() == list(range(5002))
+    assert written["src_rba"].to_pylist() == sorted(written["src_rba"].to_pylist())
+    assert [row["id"] for row in map(json.loads, written["after"].to_pylist())] == [9001, *keys, 9002]
+    assert written["trans_ind"].to_pylist() == ([trail.WHOLE, trail.BEGIN] + [trail.MIDDLE] * 4998
+                                                + [trail.END, trail.WHOLE])
+    assert written["copy_line"].null_count == 0
+    whole = trail.write_file(tmp_path / "whole" / path.name[:-9], int(path.name[-9:]), written, group="EXT1",
+                             log_bsn=Scn(written["log_bsn"][0].as_py()))
+    assert (whole.sha256, trail.read_metadata(whole.path)) == (file_sha256(path), trail.read_metadata(path))

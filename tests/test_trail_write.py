@@ -134,3 +134,53 @@ def test_a_file_is_read_a_row_group_at_a_time_and_a_wrong_rba_is_named(tmp_path,
     assert [len(next(parts)), len(next(parts))] == [2, 4]  # rbas 0-1 and 2-5; 9 is in the third
     with pytest.raises(TrailboundError, match=r"lt000000001.*rba 9: record 9 carries rba 42"):
         next(parts)
+
+
+def test_a_version_3_file_still_reads_and_its_digest_is_still_checked(tmp_path):
+    """A file as format version 3 wrote it (its footer and layouts in the Arrow schema, the
+    digest over the whole file column by column) reads as it did: lines, layouts and all;
+    a value changed behind its footer is refused."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    layouts = {"s.t": (("k", "integer"),)}
+    table = _records([(10, 3), (11, 1)], [0, 0]).drop_columns(["file_no"])
+    table = table.append_column("trans_ind", pa.array(trails.transaction_indicators(
+        [table.column("csn").to_numpy()]), pa.int8()))
+    table = table.append_column("rba", pa.array(range(len(table)), pa.int64()))
+    table = trails.with_copy_lines(trails.with_table_versions(table, {}), layouts).select(trails.COLUMNS)
+
+    def write_version_3(path, records):
+        meta = {"format_version": 3, "group": "EXT1", "trail": "lt", "seqno": 1, "records": len(table),
+                "first_csn": "10@1:1:10", "last_csn": "11@1:1:11", "log_bsn": 5,
+                "content_sha256": trails._content_digest(table, 3, layouts)}
+        pq.write_table(records.replace_schema_metadata({b"trailbound.trail": json.dumps(meta).encode()}), path)
+
+    path = tmp_path / "lt000000001"
+    write_version_3(path, table)
+    read = trails.read_file(path)
+    assert read["copy_line"].to_pylist() == ["1\n"] * 4 and trails.copy_line_layouts(read) == layouts
+    assert read.select(["rba", "trans_ind", "after"]).equals(table.select(["rba", "trans_ind", "after"]))
+
+    changed = table.set_column(table.schema.get_field_index("after"), "after", pa.array(['{"k": 2}'] * 4))
+    write_version_3(path, changed)
+    with pytest.raises(TrailboundError, match="content checksum does not match"):
+        trails.read_file(path)
+
+
+def test_copy_lines_are_made_row_group_by_row_group(tmp_path, monkeypatch):
+    """A table whose inserted image does not parse into its layout loses its lines in
+    that row group only: the writer has written the earlier ones when it meets it. The
+    file still names the layout, and reads back with its digest."""
+    monkeypatch.setattr(trails, "FIRST_ROW_GROUP_RECORDS", 2)
+    monkeypatch.setattr(trails, "ROW_GROUP_RECORDS", 2)
+    table = _records([(10, 2), (11, 2)], [0, 0])
+    after = table.column("after").to_pylist()
+    after[3] = '{"k": "not a number"}'
+    table = table.set_column(table.schema.get_field_index("after"), "after", pa.array(after, pa.string()))
+    (info,) = trails.write_planned_files(tmp_path / "lt", 1, table.to_batches(max_chunksize=3), group="EXT1",
+                                        log_bsn=Scn(5), layouts={"s.t": (("k", "integer"),)})
+    read = trails.read_file(info.path)
+    assert read["copy_line"].to_pylist() == ["1\n", "1\n", None, None]
+    assert trails.copy_line_layouts(read) == {"s.t": (("k", "integer"),)}

@@ -37,13 +37,19 @@ def atomic_write(path: Path, content: bytes | memoryview | Callable[[Path], None
     temporary = temporary_path(path)
     if callable(content):
         content(temporary)
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
     else:
         with open(temporary, "wb") as handle:
             handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
+    publish(path)
+
+
+def publish(path: Path) -> None:
+    """Make the complete file at `temporary_path(path)` durable as `path`: fsync it,
+    rename it over `path`, fsync the directory (for a writer that streams into the
+    temporary file itself)."""
+    temporary = temporary_path(path)
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
     os.replace(temporary, path)
     fsync_directory(path.parent)
 

@@ -5,8 +5,9 @@ source transaction of N row changes, before and after (issue 42, item 4).
         --rows 1500000 3000000 --engines before=var/bench/engine-a347c2b/include after=include
 
 Needs TRAILBOUND_METADATA_DSN and TRAILBOUND_TARGET_DSN (`export $(.venv/bin/python -m
-trailbound.devtools.localpg env var/pg)`); uses databases `trailbound_bench_huge_meta` and
-`..._target`, dropped and created afresh. An engine is an `include` directory: make the
+trailbound.devtools.localpg env var/pg)`); uses databases `trailbound_bench_huge_meta_N_WORK` and
+`..._target_N_WORK` (N the rows, WORK the `--work` directory's name, so that runs side by side
+do not share them), dropped and created afresh. An engine is an `include` directory: make the
 one before with `git archive a347c2b include | tar -x -C var/bench/engine-a347c2b`.
 
 Replicat: the target is preloaded (untimed) with N rows of shop.orders; the trail holds
@@ -20,7 +21,14 @@ must leave the same target (one MD5 over the table).
 
 Capture (`--capture`): an archive segment holding ONE transaction of N INSERTs, captured
 by `trailbound extract run` (a child process: the driver, its JVM and the Python workers
-Spark starts, each sampled), wall time and peak RSS per process.
+Spark starts, each sampled), wall time and peak RSS per process. With
+PYSPARK_SUBMIT_ARGS=--driver-memory 1g (Spark's default, said explicitly).
+
+Trail write (`--stages trailwrite`): what a capture task runs, alone in a process of its
+own: trail.format.write_planned_files over 10,000-record batches of ONE transaction of N
+INSERTs, with capture's copy lines and table versions; its peak RSS and CPU.
+
+CPU is the user + system time of every process of the tree, as last sampled.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from pathlib import Path
 import psutil
 import psycopg2
 import pyarrow as pa
+import pyarrow.parquet as pq
 from psycopg2 import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,6 +73,7 @@ class PeakSampler:
         self.pid, self.interval = pid, interval
         self.peaks: dict[str, int] = {}
         self.tree_peak = 0
+        self._cpu: dict[int, float] = {}  # per process, its user + system CPU seconds when last seen
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -103,6 +113,11 @@ class PeakSampler:
                         rss = max(rss, hwm or 0)
                 except psutil.Error:
                     continue
+                try:
+                    times = process.cpu_times()
+                    self._cpu[process.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
                 # Asked each time: spark-submit's shell script execs the JVM under its own pid.
                 kind = self.kind(process, self.pid)
                 self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
@@ -115,6 +130,12 @@ class PeakSampler:
     def join(self) -> None:
         self._thread.join(timeout=10)
 
+    @property
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every process of the tree, as last sampled (a process's
+        last 0.2 s before it ended are missed)."""
+        return sum(self._cpu.values())
+
 
 def _vmhwm(pid: int) -> int | None:
     try:
@@ -126,17 +147,21 @@ def _vmhwm(pid: int) -> int | None:
     return None
 
 
-def run_measured(command: list[str], env: dict) -> tuple[float, dict[str, int], int, str, str]:
-    """Run `command`; its wall time, peak RSS per kind of process, the tree's peak, output."""
+def run_measured(command: list[str], env: dict) -> tuple[float, float, dict[str, int], int, str, str]:
+    """Run `command`; its wall time, CPU time, peak RSS per kind of process, the tree's
+    peak, output."""
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = PeakSampler(process.pid)
     out, err = process.communicate()
     seconds = time.perf_counter() - started
     sampler.join()
+    cpu = sampler.cpu_seconds
     if process.returncode != 0:
-        raise SystemExit(f"{' '.join(command[-4:])} failed ({process.returncode}):\n{err[-3000:]}")
-    return seconds, sampler.peaks, sampler.tree_peak, out, err
+        peaks = {k: mb(v) for k, v in sampler.peaks.items()}
+        raise SystemExit(f"{' '.join(command[-4:])} failed ({process.returncode}) after {seconds:.1f} s, "
+                         f"CPU {cpu:.1f} s, peaks {peaks}, tree {mb(sampler.tree_peak)}:\n{err[-3000:]}")
+    return seconds, cpu, sampler.peaks, sampler.tree_peak, out, err
 
 
 def mb(value: int) -> str:
@@ -146,31 +171,28 @@ def mb(value: int) -> str:
 # ---------------------------------------------------------------- replicat: one UPDATE transaction of N rows
 
 def write_update_trail(rows: int, prefix: Path) -> list:
-    """ONE transaction of `rows` UPDATEs of shop.orders ids 1..rows, as trail files."""
+    """ONE transaction of `rows` UPDATEs of shop.orders ids 1..rows, as a trail file
+    (written as capture's tasks write theirs, a row group at a time)."""
     from trailbound.positions import Scn
     from trailbound.trail import format as trail
 
-    writer = trail.TrailWriter(prefix, 1, max_bytes=128 * 1024 * 1024, group="BENCH", log_bsn=Scn(1))
-    names = [name for name in trail.COLUMNS if name != "copy_line"]
-    schema = pa.schema([trail.SCHEMA.field(name) for name in names])
+    names = [name for name in trail.COLUMNS if name not in ("rba", "trans_ind", "copy_line", "table_version")]
+    schema = pa.schema([trail.SCHEMA.field(name) for name in names] + [("file_no", pa.int64())])
     statuses = ("paid", "packed", "shipped")
-    for start in range(1, rows + 1, BATCH):
-        ids = range(start, min(rows, start + BATCH - 1) + 1)
-        n = len(ids)
-        ind = [1] * n
-        if start == 1:
-            ind[0] = 0
-        if ids[-1] == rows:
-            ind[-1] = 2 if rows > 1 else 3
-        columns = {
-            "rba": [0] * n, "trans_ind": ind, "csn": [10] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n,
-            "csn_rba": [1] * n, "xid": ["X1"] * n, "commit_ts": [T0] * n, "op": ["UPDATE"] * n,
-            "table": ["shop.orders"] * n, "before": [f'{{"id":{i}}}' for i in ids],
-            "after": [f'{{"id":{i},"status":"{statuses[i % 3]}"}}' for i in ids],
-            "src_thread": [1] * n, "src_sequence": [1] * n, "src_rba": list(ids), "src_scn": [9] * n,
-            "log_bsn": [1] * n}
-        writer.add(pa.RecordBatch.from_pydict(columns, schema=schema))
-    return writer.close()
+
+    def batches():
+        for start in range(1, rows + 1, BATCH):
+            ids = range(start, min(rows, start + BATCH - 1) + 1)
+            n = len(ids)
+            columns = {
+                "csn": [10] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n,
+                "csn_rba": [1] * n, "xid": ["X1"] * n, "commit_ts": [T0] * n, "op": ["UPDATE"] * n,
+                "table": ["shop.orders"] * n, "before": [f'{{"id":{i}}}' for i in ids],
+                "after": [f'{{"id":{i},"status":"{statuses[i % 3]}"}}' for i in ids],
+                "src_thread": [1] * n, "src_sequence": [1] * n, "src_rba": list(ids), "src_scn": [9] * n,
+                "log_bsn": [1] * n, "file_no": [0] * n}
+            yield pa.RecordBatch.from_pydict(columns, schema=schema)
+    return list(trail.write_planned_files(prefix, 1, batches(), group="BENCH", log_bsn=Scn(1)))
 
 
 def preload_orders(target_dsn: str, defs, rows: int) -> None:
@@ -216,8 +238,8 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
         f"    exttrail: dirdat/lt\n    source: BENCH\n    map:\n      - {{source: shop.orders, target: shop.orders}}\n")
     results = []
     for name, include in engines.items():
-        meta_dsn = fresh_database(servers[0], "trailbound_bench_huge_meta")
-        target_dsn = fresh_database(servers[1], "trailbound_bench_huge_target")
+        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}_{work.name}".replace("-", "_"))
+        target_dsn = fresh_database(servers[1], f"trailbound_bench_huge_target_{rows}_{work.name}".replace("-", "_"))
         with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
             tgt.create_tables(cur, {"shop.orders": defs["shop.orders"]},
                               [MapRule(source="shop.orders", target="shop.orders")])
@@ -231,14 +253,15 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
                              str(f.last_csn), f.log_bsn.value))
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "TRAILBOUND_TARGET_DSN": target_dsn}
-        seconds, peaks, tree, out, _ = run_measured(
+        seconds, cpu, peaks, tree, out, _ = run_measured(
             [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "replicat", "run",
              "REP1"], env)
         count, digest = orders_digest(target_dsn)
         line = out.strip().splitlines()[-1] if out.strip() else ""
-        print(f"  {name}: {seconds:.1f} s, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
+        print(f"  {name}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
               f"    {line}\n    target: {count:,} rows, md5 {digest}", flush=True)
-        results.append({"stage": "replicat", "rows": rows, "engine": name, "seconds": seconds, "peaks": peaks,
+        results.append({"stage": "replicat", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks,
                         "tree": tree, "said": line, "digest": digest, "count": count})
     digests = {r["digest"] for r in results}
     assert len(digests) == 1, f"the engines left different targets: {digests}"
@@ -290,16 +313,79 @@ def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> l
     results = []
     for name, include in engines.items():
         shutil.rmtree(home / "dirdat", ignore_errors=True)
-        meta_dsn = fresh_database(servers[0], "trailbound_bench_huge_meta")
-        env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn}
-        seconds, peaks, tree, out, _ = run_measured(
+        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}_{work.name}".replace("-", "_"))
+        # Spark's default driver heap, said explicitly: the setting the issue's numbers assume.
+        env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
+               "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
+        seconds, cpu, peaks, tree, out, _ = run_measured(
             [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "extract", "run",
              "EXT1"], env)
         line = out.strip().splitlines()[-1] if out.strip() else ""
-        print(f"  capture {name}: {seconds:.1f} s, peaks {({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n"
-              f"    {line}", flush=True)
-        results.append({"stage": "capture", "rows": rows, "engine": name, "seconds": seconds, "peaks": peaks,
+        print(f"  capture {name}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks "
+              f"{({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n    {line}", flush=True)
+        # Read with pyarrow alone: the footers of every trail format (the engine under test
+        # may write another one than this process's trailbound reads).
+        written = sum(json.loads(pq.read_schema(path).metadata[b"trailbound.trail"])["records"]
+                      for path in sorted((home / "dirdat").glob("lt?????????")))
+        print(f"    trail: {written:,} records", flush=True)
+        results.append({"stage": "capture", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks,
                         "tree": tree, "said": line})
+    return results
+
+
+# ---------------------------------------------------------------- capture's trail write alone
+
+# What a capture task runs, in a process of its own: write_planned_files over Spark-sized
+# batches (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000) of ONE transaction of N
+# INSERTs, with the copy lines and table versions capture gives it.
+TRAIL_WRITE = """
+import sys
+from pathlib import Path
+import pyarrow as pa
+from trailbound import copytext
+from trailbound.archive.segments import load_defs, versions_of
+from trailbound.positions import Scn
+from trailbound.trail import format as trail
+
+rows, archive, prefix = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+defs = load_defs(archive)
+names = [n for n in trail.COLUMNS if n not in ("rba", "trans_ind", "copy_line", "table_version")]
+schema = pa.schema([trail.SCHEMA.field(n) for n in names] + [("file_no", pa.int64())])
+T0 = pa.scalar(0, pa.timestamp("us", tz="UTC"))
+
+def batches(size=10_000):
+    for start in range(1, rows + 1, size):
+        ids = range(start, min(rows, start + size - 1) + 1)
+        n = len(ids)
+        yield pa.RecordBatch.from_pydict({
+            "csn": [rows + 1] * n, "csn_thread": [1] * n, "csn_sequence": [1] * n, "csn_rba": [rows] * n,
+            "xid": ["X1"] * n, "commit_ts": pa.array([0] * n, pa.timestamp("us", tz="UTC")), "op": ["INSERT"] * n,
+            "table": ["shop.orders"] * n, "before": [None] * n,
+            "after": [f'{{"id":{i},"customer_id":7,"status":"new","total":"12.50"}}' for i in ids],
+            "src_thread": [1] * n, "src_sequence": [1 + i // 500_000 for i in ids], "src_rba": list(ids),
+            "src_scn": list(ids), "log_bsn": [1] * n, "file_no": [0] * n}, schema=schema)
+
+files = list(trail.write_planned_files(prefix, 1, batches(), group="BENCH", log_bsn=Scn(1),
+                                      layouts=copytext.layouts_of(defs), versions=versions_of(defs)))
+print(f"{sum(f.records for f in files)} records in {len(files)} file(s)")
+"""
+
+
+def bench_trailwrite(rows: int, engines: dict[str, Path], work: Path) -> list[dict]:
+    results = []
+    for name, include in engines.items():
+        home = work / f"trailwrite-{rows}-{name}"
+        shutil.rmtree(home, ignore_errors=True)
+        env = {**os.environ, "PYTHONPATH": str(include)}
+        seconds, cpu, peaks, tree, out, _ = run_measured(
+            [sys.executable, "-c", TRAIL_WRITE, str(rows), str(work / "archive"), str(home / "lt")], env)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"  trail write {name} {rows:,}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peak {mb(tree)}: {line}",
+              flush=True)
+        results.append({"stage": "trail write", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks, "tree": tree, "said": line})
+        shutil.rmtree(home, ignore_errors=True)
     return results
 
 
@@ -316,12 +402,12 @@ def report(results: list[dict], command: str) -> str:
         "",
         f"    {command}",
         "",
-        "| stage | row changes in the one transaction | engine | wall time | " + " | ".join(kinds)
+        "| stage | row changes in the one transaction | engine | wall time | CPU | " + " | ".join(kinds)
         + " | whole tree (sampled) |",
-        "| --- | ---: | --- | ---: | " + " | ".join("---:" for _ in kinds) + " | ---: |",
+        "| --- | ---: | --- | ---: | ---: | " + " | ".join("---:" for _ in kinds) + " | ---: |",
     ]
     for r in results:
-        lines.append(f"| {r['stage']} | {r['rows']:,} | {r['engine']} | {r['seconds']:.1f} s | "
+        lines.append(f"| {r['stage']} | {r['rows']:,} | {r['engine']} | {r['seconds']:.1f} s | {r['cpu']:.1f} s | "
                      + " | ".join(mb(r["peaks"][k]) if k in r["peaks"] else "-" for k in kinds)
                      + f" | {mb(r['tree'])} |")
     lines += ["", "What each run printed:", ""]
@@ -334,8 +420,10 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
     parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
-    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture"])
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite"])
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
+                        help="the runs' directory (one per concurrent run of this script)")
     args = parser.parse_args()
     engines = {name: Path(path).resolve() for name, path in (e.split("=", 1) for e in args.engines)}
 
@@ -344,7 +432,7 @@ def main() -> int:
     from trailbound.metadata import dsn_from_env
     from trailbound.sources.simulator import source_tables
 
-    work = REPO / "var" / "bench" / "huge"
+    work = args.work.resolve()
     write_defs(work / "archive", [t.definition() for t in source_tables()])
     defs = load_defs(work / "archive")
     servers = (dsn_from_env("TRAILBOUND_METADATA_DSN"), dsn_from_env("TRAILBOUND_TARGET_DSN"))
@@ -354,6 +442,8 @@ def main() -> int:
             results += bench_replicat(rows, engines, work, defs, servers)
         if "capture" in args.stages:
             results += bench_capture(rows, engines, work, servers)
+        if "trailwrite" in args.stages:
+            results += bench_trailwrite(rows, engines, work)
     command = "PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py " + " ".join(sys.argv[1:])
     text = report(results, command)
     print(text)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from trailbound.capture import checkpoints as ckpt
 from trailbound.crash import crashpoint
-from trailbound.durable import file_sha256, fsync_directory, temporary_path
+from trailbound.durable import file_sha256, publish, temporary_path
 from trailbound.positions import LogPosition, Scn
 from trailbound.spark import parallelism
 
@@ -83,7 +83,6 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
     def write(batches):
         """Each transaction's records streamed into its file as Spark's batches come (a
         Parquet row group each): a task holds one batch, never a whole transaction."""
-        import os
 
         import numpy as np
         import pyarrow as pa
@@ -101,12 +100,9 @@ def persist(records: DataFrame, keys: list[tuple[int, str]], directory: Path, ch
                     "writer": pq.ParquetWriter(temporary, columns, compression="zstd")}
 
         def finish(done: dict):
-            # As durable.atomic_write: the whole file on disk before its name appears.
+            # The whole file on disk before its name appears.
             done["writer"].close()
-            with open(done["temporary"], "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.replace(done["temporary"], done["path"])
-            fsync_directory(done["path"].parent)
+            publish(done["path"])
             thread, txid = done["key"]
             return pa.RecordBatch.from_pylist([{
                 "thread": thread, "txid": txid, "path": str(done["path"]), "sha256": file_sha256(done["path"]),

@@ -49,7 +49,7 @@ RECORDS = pa.schema([
     ("txid", pa.string()), ("restored", pa.bool_()),
 ])
 
-# Per (thread, txid, xid, restored) and task: the first and last record (position, scn,
+# Per (thread, txid, xid, restored) and part read: the first and last record (position, scn,
 # time), the first top-level COMMIT/ROLLBACK (end_committed: a COMMIT), the first
 # ROLLBACK (a savepoint's), the record count and size (UTF-8 bytes of the images), the
 # captured records and their trail size, the records below the previous run's read SCN,
@@ -153,7 +153,7 @@ class LogRead:
         self._inputs = inputs
 
     def summaries(self, tables: list[str], read_scn: Scn | None) -> DataFrame:
-        """Per (thread, txid, xid, restored), possibly several rows (one per task): SUMMARIES."""
+        """Per (thread, txid, xid, restored), possibly several rows (one per part a task reads): SUMMARIES."""
         below = read_scn.value if read_scn is not None else None
         return self._map(lambda parts: _summarize(parts, tables, below), SUMMARIES, self._inputs)
 
@@ -258,6 +258,12 @@ def _read_parts(chunk: list[_Input], window: ReadWindow, txids: pa.Array | None 
     for item in chunk:
         if txids is not None and not item.restored and not _holds_any(item, txids):
             continue
+        if item.restored:
+            # A persisted transaction may be any size: a row group (a Spark batch when it
+            # was persisted) at a time.
+            for group in _restored_row_groups(item):
+                yield _prepared([group], window)
+            continue
         pending.append(_read_file(item))
         count += item.records
         if count >= _RECORDS_PER_PART:
@@ -278,15 +284,25 @@ def _holds_any(item: _Input, txids: pa.Array) -> bool:
     return pc.any(pc.is_in(pc.coalesce(ids["parent_xid"], ids["xid"]), value_set=txids)).as_py() is True
 
 
-def _read_file(item: _Input) -> pa.Table:
-    """One file's records as _RECORDS_BEFORE_TXID."""
+def _restored_row_groups(item: _Input) -> Iterator[pa.Table]:
+    """A persisted object's records as _RECORDS_BEFORE_TXID, one row group at a time."""
     import pyarrow.parquet as pq
 
     try:
-        if item.restored:
-            table = _cast(pq.ParquetFile(item.path).read(columns=reader.RECORD_COLUMNS, use_threads=False),
+        parquet = pq.ParquetFile(item.path)
+        for number in range(parquet.num_row_groups):
+            table = _cast(parquet.read_row_group(number, columns=reader.RECORD_COLUMNS, use_threads=False),
                           _RECORDS_BEFORE_TXID.names[:-1])
-            return table.append_column("restored", pa.repeat(True, len(table)))
+            yield table.append_column("restored", pa.repeat(True, len(table)))
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise ArchiveError(Path(item.path), f"cannot read it: {exc}") from None
+
+
+def _read_file(item: _Input) -> pa.Table:
+    """A segment's records as _RECORDS_BEFORE_TXID."""
+    import pyarrow.parquet as pq
+
+    try:
         table = _cast(pq.ParquetFile(item.path).read(columns=list(contract.RECORD_FIELDS), use_threads=False),
                       contract.RECORD_FIELDS)
     except (OSError, pa.ArrowException, KeyError) as exc:
@@ -335,9 +351,10 @@ def _octets(column) -> pa.Array:
 
 
 def _summarize(parts: Iterator[pa.Table], tables: list[str], below: int | None) -> Iterator[pa.Table]:
-    """SUMMARIES rows for one task's records (see SUMMARIES)."""
+    """SUMMARIES rows for one task's records (see SUMMARIES), part by part: a task holds
+    one part's records, never its whole chunk of the log (assembly rolls up the rows of
+    a transaction however many there are)."""
     captured = _captured_matcher(tables)
-    narrow = []
     for part in parts:
         kept = captured(part)
         size = pc.add(_octets(part["before"]), _octets(part["after"]))
@@ -345,15 +362,16 @@ def _summarize(parts: Iterator[pa.Table], tables: list[str], below: int | None) 
         for name in ("txid", "op", "table", "before", "after"):
             row_bytes = pc.add(row_bytes, _octets(part[name]))
         reread = pc.less(part["scn"], below) if below is not None else pa.repeat(False, len(part))
-        narrow.append(pa.table({
+        yield _summary(pa.table({
             "thread": part["thread"], "txid": part["txid"], "xid": part["xid"], "restored": part["restored"],
             "at": packed(part["sequence"], part["rba"]), "scn": part["scn"], "ts": part["ts"], "op": part["op"],
             "top_level": pc.is_null(part["parent_xid"]), "size": size.cast(pa.int64()), "kept": kept.cast(pa.int64()),
             "kept_bytes": pc.if_else(kept, row_bytes, 0).cast(pa.int64()),
             "reread": pc.and_(reread, pc.invert(part["restored"])).cast(pa.int64())}))
-    if not narrow:
-        return
-    table = pa.concat_tables(narrow)
+
+
+def _summary(table: pa.Table) -> pa.Table:
+    """SUMMARIES rows of one part's records, narrowed to what they need."""
     # Log order within each thread: the first and last aggregates below follow it.
     table = table.take(pc.sort_indices(table, [("thread", "ascending"), ("at", "ascending")]))
     keys = ["thread", "txid", "xid", "restored"]
@@ -374,4 +392,4 @@ def _summarize(parts: Iterator[pa.Table], tables: list[str], below: int | None) 
         [("at", "first")])
     rollbacks = rollbacks.rename_columns(keys + ["rollback_at"])
     result = whole.join(ends, keys, join_type="left outer").join(rollbacks, keys, join_type="left outer")
-    yield result.select(SUMMARIES.names).cast(SUMMARIES)
+    return result.select(SUMMARIES.names).cast(SUMMARIES)

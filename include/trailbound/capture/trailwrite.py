@@ -9,9 +9,11 @@ The records never pass through the driver:
    records alone, not on how many tasks write them or where those run. A transaction's
    file is then found from its CSN (`file_number`).
 2. Write. The records, partitioned by file and sorted in commit order inside each
-   partition, are written by the tasks, each file whole (`trail.format.write_planned_files`:
-   rbas, transaction indicators, footer, content digest, atomic rename). The driver
-   receives one row per file.
+   partition, are written by the tasks, each file by one task as its records come, a
+   row group at a time (`trail.format.write_planned_files`: rbas, transaction
+   indicators, a running content digest, the footer at the end, atomic rename): a task
+   holds a row group, never a whole file or transaction. The driver receives one row
+   per file.
 3. Verify. Before any checkpoint names them, the driver checks that every planned file
    came back once, with the record count the plan gave it, in commit order after the
    previous one, and that the file at its location, read through the driver's own view

@@ -12,8 +12,10 @@ next run overwrites it. See docs/trail-format.md.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -24,17 +26,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trailbound import copytext
-from trailbound.durable import atomic_write, file_sha256
+from trailbound.durable import file_sha256, publish, temporary_path
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, TRAIL_ORDER, TrailPosition
 
 # Version 2 added `copy_line`, each INSERT's row as a COPY text line; version 3
 # `table_version`, the version of its table's definition each DML record was written
-# under. Older files read as if those columns were all NULL.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# under. Older files read as if those columns were all NULL. Version 4 changed no
+# column: its content digest goes row group by row group, and its footer and layouts
+# are written once the file's last row group is, so that a writer streams a file of
+# any size (one transaction of 10 million records) holding one row group of it.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 _METADATA_KEY = b"trailbound.trail"
-# The copy_line field's metadata: the layout of each table whose inserts carry a line.
+# The layout of each table whose inserts carry a line: the copy_line field's metadata
+# as a reader sees it (and as files of versions 2 and 3 hold it); a version 4 file
+# holds it in its footer (the schema's metadata), under the same key.
 _LAYOUTS_KEY = b"trailbound.copy_line_layouts"
 # Records per Parquet row group. A reader decodes a file a row group at a time
 # (read_parts): replicat applies a file's first records before the rest are decoded,
@@ -74,7 +81,7 @@ SCHEMA = pa.schema([
     ("copy_line", pa.string()),
 ])
 COLUMNS = SCHEMA.names
-_SCHEMAS = {3: SCHEMA, 2: pa.schema([field for field in SCHEMA if field.name != "table_version"]),
+_SCHEMAS = {4: SCHEMA, 3: SCHEMA, 2: pa.schema([field for field in SCHEMA if field.name != "table_version"]),
             1: pa.schema([field for field in SCHEMA if field.name not in ("copy_line", "table_version")])}
 
 
@@ -98,16 +105,58 @@ class TrailFileInfo:
         return TrailPosition(self.seqno, self.records)
 
 
+def row_group_slices(records: int) -> Iterator[tuple[int, int]]:
+    """(start, length) of each row group of a file of `records` records, as the writer
+    cuts them; a version 4 file's content digest goes by these slices, whatever the
+    file's Parquet row groups are."""
+    start, length = 0, FIRST_ROW_GROUP_RECORDS
+    while start < records:
+        yield start, min(length, records - start)
+        start, length = start + length, ROW_GROUP_RECORDS
+
+
+class ContentDigest:
+    """A version 4 file's content digest, fed a row group at a time (`update`): the
+    SHA-256 of each row group's values column by column (as _content_digest of version
+    3 hashes a whole file's), then the record count and the copy lines' layouts, which
+    are known only at the end. A writer holds the running hash, never the records."""
+
+    def __init__(self):
+        self._sha256 = hashlib.sha256()
+        self.records = 0
+
+    def update(self, records: pa.Table) -> None:
+        _digest_values(self._sha256, records, SCHEMA)
+        self.records += len(records)
+
+    def hexdigest(self, layouts: dict) -> str:
+        final = self._sha256.copy()
+        final.update(self.records.to_bytes(8, "little"))
+        final.update(_layouts_text(layouts))
+        return final.hexdigest()
+
+
 def _content_digest(table: pa.Table, version: int = FORMAT_VERSION, layouts: dict | None = None) -> str:
     """SHA-256 of the records themselves (and, from version 2, the copy lines' layouts),
     so a file can be checked without any outside record of it. Computed from values only
     (validity, integers, string bytes), never from Arrow buffers, whose layout depends on
-    who built them."""
-    schema = _SCHEMAS[version]
-    table = table.select(schema.names).cast(schema).combine_chunks()
+    who built them. Up to version 3 over the whole file column by column; from version 4
+    row group by row group (ContentDigest)."""
+    if version >= 4:
+        running = ContentDigest()
+        for start, length in row_group_slices(len(table)):
+            running.update(table.slice(start, length))
+        return running.hexdigest(layouts or {})
     digest = hashlib.sha256(len(table).to_bytes(8, "little"))
     if version >= 2:
         digest.update(_layouts_text(layouts or {}))
+    _digest_values(digest, table, _SCHEMAS[version])
+    return digest.hexdigest()
+
+
+def _digest_values(digest, table: pa.Table, schema: pa.Schema) -> None:
+    """Feed `digest` the values of `table`'s columns of `schema`, column by column."""
+    table = table.select(schema.names).cast(schema).combine_chunks()
     for field in schema:
         column = table.column(field.name)
         array = column.chunk(0) if column.num_chunks else pa.array([], field.type)
@@ -120,7 +169,6 @@ def _content_digest(table: pa.Table, version: int = FORMAT_VERSION, layouts: dic
                 digest.update(memoryview(filled.buffers()[2])[offsets[0]:offsets[-1]])
         else:
             digest.update(array.cast(pa.int64()).fill_null(0).to_numpy().astype("<i8").tobytes())
-    return digest.hexdigest()
 
 
 def _layouts_text(layouts: dict) -> bytes:
@@ -159,30 +207,76 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
     directory). Its copy lines are `table`'s, with their layouts (a table read from a
     trail file, or given lines by `with_copy_lines`); a table without them gets none."""
     layouts = copy_line_layouts(table)
-    if "copy_line" not in table.schema.names:
-        table = table.append_column("copy_line", pa.nulls(len(table), pa.string()))
-    if "table_version" not in table.schema.names:
-        table = table.append_column("table_version", pa.nulls(len(table), pa.int32()))
-    table = table.select(COLUMNS).cast(SCHEMA).replace_schema_metadata(None)
-    first = Csn.from_row(table.slice(0, 1).to_pylist()[0])
-    last = Csn.from_row(table.slice(len(table) - 1).to_pylist()[0])
-    meta = {"format_version": FORMAT_VERSION, "group": group, "trail": prefix.name, "seqno": seqno,
-            "records": len(table), "first_csn": str(first), "last_csn": str(last), "log_bsn": log_bsn.value,
-            "content_sha256": _content_digest(table, FORMAT_VERSION, layouts)}
-    path = trail_path(prefix, seqno)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = _set_copy_lines(table, table.column("copy_line"), layouts)
-    table = table.replace_schema_metadata({_METADATA_KEY: json.dumps(meta).encode()})
+    writer = _FileWriter(prefix, seqno, group=group, log_bsn=log_bsn)
+    with writer.cleanup():
+        for start, length in row_group_slices(len(table)):
+            writer.write(table.slice(start, length))
+        return writer.close(layouts)
 
-    def write(temporary: Path) -> None:
-        with pq.ParquetWriter(temporary, table.schema, compression="zstd", write_page_checksum=True) as writer:
-            head = min(len(table), FIRST_ROW_GROUP_RECORDS)
-            writer.write_table(table.slice(0, head), row_group_size=head)
-            if len(table) > head:
-                writer.write_table(table.slice(head), row_group_size=ROW_GROUP_RECORDS)
 
-    atomic_write(path, write)
-    return TrailFileInfo(seqno, path, len(table), path.stat().st_size, file_sha256(path), first, last, log_bsn)
+def _complete(table: pa.Table) -> pa.Table:
+    """Trail records in SCHEMA, an absent copy_line or table_version all NULL."""
+    for name in ("table_version", "copy_line"):
+        if name not in table.schema.names:
+            table = table.append_column(name, pa.nulls(len(table), SCHEMA.field(name).type))
+    return table.select(COLUMNS).cast(SCHEMA)
+
+
+class _FileWriter:
+    """One trail file written a row group at a time, so that its writer holds one row
+    group, never the file (a transaction of 10 million records is one file). Under a
+    temporary name until `close` writes the footer (record count, first and last CSN,
+    the running content digest, the copy lines' layouts: all known only at the end) and
+    publishes it; `cleanup` removes the temporary file of a write that failed."""
+
+    def __init__(self, prefix: Path, seqno: int, *, group: str, log_bsn: Scn):
+        self.prefix, self.seqno, self.group, self.log_bsn = prefix, seqno, group, log_bsn
+        self.path = trail_path(prefix, seqno)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # No Arrow schema in the file: it would be written with the metadata it has now,
+        # before the footer's is known. Read without one, the file's columns are SCHEMA's
+        # all the same, and its key-value metadata (the footer, added at `close`) is its
+        # schema's metadata for every Parquet reader.
+        self._parquet = pq.ParquetWriter(temporary_path(self.path), SCHEMA, compression="zstd",
+                                         write_page_checksum=True, store_schema=False)
+        self._digest = ContentDigest()
+        self._first: Csn | None = None
+        self._last: Csn | None = None
+
+    def write(self, records: pa.Table) -> None:
+        """The file's next row group: records with their rbas and indicators."""
+        if not len(records):
+            return
+        records = _complete(records)
+        if self._first is None:
+            self._first = Csn.from_row(records.slice(0, 1).to_pylist()[0])
+        self._last = Csn.from_row(records.slice(len(records) - 1).to_pylist()[0])
+        self._digest.update(records)
+        self._parquet.write_table(records, row_group_size=len(records))
+
+    def close(self, layouts: dict) -> TrailFileInfo:
+        records = self._digest.records
+        meta = {"format_version": FORMAT_VERSION, "group": self.group, "trail": self.prefix.name,
+                "seqno": self.seqno, "records": records, "first_csn": str(self._first),
+                "last_csn": str(self._last), "log_bsn": self.log_bsn.value,
+                "content_sha256": self._digest.hexdigest(layouts)}
+        footer = {_METADATA_KEY: json.dumps(meta).encode()}
+        if layouts:
+            footer[_LAYOUTS_KEY] = _layouts_text(layouts)
+        self._parquet.add_key_value_metadata(footer)
+        self._parquet.close()
+        publish(self.path)
+        return TrailFileInfo(self.seqno, self.path, records, self.path.stat().st_size, file_sha256(self.path),
+                             self._first, self._last, self.log_bsn)
+
+    @contextmanager
+    def cleanup(self):
+        try:
+            yield
+        except BaseException:
+            self._parquet.close()
+            temporary_path(self.path).unlink(missing_ok=True)
+            raise
 
 
 def with_table_versions(table: pa.Table, versions: dict[str, list[tuple[int, int]]]) -> pa.Table:
@@ -280,17 +374,20 @@ def plan_rollover(transaction_bytes: np.ndarray, max_bytes: int) -> np.ndarray:
     return files
 
 
-def transaction_indicators(csn_keys: list[np.ndarray]) -> np.ndarray:
+def transaction_indicators(csn_keys: list[np.ndarray], previous: tuple | None = None,
+                           following: tuple | None = None) -> np.ndarray:
     """TransInd of each record of commit-ordered whole transactions: a transaction is a
-    run of records with one CSN (the CSN columns, given as arrays)."""
+    run of records with one CSN (the CSN columns, given as arrays). `previous` and
+    `following` are the CSNs of the records just before and after these (None: there
+    are none), for records cut out of a longer run."""
     n = len(csn_keys[0])
     if n == 0:
         return np.zeros(0, dtype=np.int8)
     changes = np.zeros(n - 1, dtype=bool)
     for column in csn_keys:
         changes |= column[1:] != column[:-1]
-    first = np.concatenate([[True], changes])
-    last = np.concatenate([changes, [True]])
+    first = np.concatenate([[previous is None or previous != tuple(column[0] for column in csn_keys)], changes])
+    last = np.concatenate([changes, [following is None or following != tuple(column[-1] for column in csn_keys)]])
     return np.where(first & last, WHOLE, np.where(first, BEGIN, np.where(last, END, MIDDLE))).astype(np.int8)
 
 
@@ -302,37 +399,75 @@ def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.Rec
     transaction indicators, table versions (`versions`: with_table_versions) and the
     copy lines of the tables in `layouts`. `between_files`
     runs after each file but the last (a crash point). Yields each file's TrailFileInfo
-    as it is written."""
-    pending: list[pa.RecordBatch] = []
-    current = None
+    as it is written.
 
-    def finish() -> TrailFileInfo:
-        table = pa.Table.from_batches(pending).combine_chunks()
-        keys = [table.column(name).to_numpy() for name in TRAIL_ORDER]
-        _check_sorted(keys)
-        table = table.drop_columns(["file_no"])
-        table = table.append_column("trans_ind", pa.array(transaction_indicators(keys[:len(CSN_COLUMNS)]), pa.int8()))
-        table = table.append_column("rba", pa.array(np.arange(len(table), dtype=np.int64)))
-        table = table.select([name for name in COLUMNS if name not in ("copy_line", "table_version")])
-        if versions is not None:
-            table = with_table_versions(table, versions)
-        table = without_stale_lines(with_copy_lines(table, layouts or {}), versions or {})
-        return write_file(prefix, first_seqno + current, table, group=group, log_bsn=log_bsn)
+    Each file is written as its records come, a row group at a time: the writer holds a
+    row group and the batch it is cut from, never a file or a transaction, however big.
+    The copy lines are made per row group (a table whose inserted images do not all
+    parse gets no lines in that row group), so a file's lines depend on its records
+    alone, not on the batches they came in."""
+    layouts = layouts or {}
+    by_file = itertools.groupby(_split_by_file(batches), key=lambda numbered: numbered[0])
+    for index, (number, parts) in enumerate(by_file):
+        if index and between_files is not None:
+            between_files()
+        writer = _FileWriter(prefix, first_seqno + number, group=group, log_bsn=log_bsn)
+        named: dict = {}
+        with writer.cleanup():
+            rba, previous = 0, None
+            for records, following in _cut_row_groups(part for _, part in parts):
+                keys = [records.column(name).to_numpy() for name in TRAIL_ORDER]
+                # Cheap insurance that the stream really is in commit order: the trail's
+                # whole contract rests on it.
+                _check_sorted(keys if previous is None else
+                              [np.concatenate([[before], column]) for before, column in zip(previous, keys)])
+                csn_keys = keys[:len(CSN_COLUMNS)]
+                indicators = transaction_indicators(
+                    csn_keys, previous and previous[:len(CSN_COLUMNS)], following)
+                previous = tuple(column[-1] for column in keys)
+                records = records.drop_columns(["file_no"])
+                records = records.append_column("trans_ind", pa.array(indicators, pa.int8()))
+                records = records.append_column("rba", pa.array(np.arange(rba, rba + len(records), dtype=np.int64)))
+                records = records.select([name for name in COLUMNS if name not in ("copy_line", "table_version")])
+                if versions is not None:
+                    records = with_table_versions(records, versions)
+                lines, used = copytext.insert_lines(records, layouts)
+                named.update(used)
+                records = without_stale_lines(_set_copy_lines(records, lines, used), versions or {})
+                writer.write(records)
+                rba += len(records)
+            yield writer.close(named)
 
+
+def _split_by_file(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Each batch's runs of one `file_no`, with that number."""
     for batch in batches:
         numbers = batch.column("file_no").to_numpy()
         cuts = np.flatnonzero(numbers[1:] != numbers[:-1]) + 1
         for start, stop in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(batch)]])):
-            number = int(numbers[start])
-            if current is not None and number != current:
-                yield finish()
-                if between_files is not None:
-                    between_files()
-                pending = []
-            current = number
-            pending.append(batch.slice(start, stop - start))
-    if pending:
-        yield finish()
+            yield int(numbers[start]), batch.slice(start, stop - start)
+
+
+def _cut_row_groups(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[pa.Table, tuple | None]]:
+    """The records of one file re-cut into its row groups (row_group_slices), each with
+    the CSN of the record after it (None after the file's last): its last record's
+    transaction indicator depends on it. Holds at most a row group and a batch."""
+    lengths = (length for _, length in row_group_slices(1 << 62))
+    pending: list[pa.RecordBatch] = []
+    held, length = 0, next(lengths)
+    for batch in batches:
+        if not len(batch):
+            continue
+        pending.append(batch)
+        held += len(batch)
+        while held > length:  # a record past the row group: its CSN is known
+            table = pa.Table.from_batches(pending)
+            after = table.slice(length, 1).select(list(CSN_COLUMNS)).to_pylist()[0]
+            yield table.slice(0, length), tuple(after[name] for name in CSN_COLUMNS)
+            pending, held = table.slice(length).to_batches(), held - length
+            length = next(lengths)
+    if held:
+        yield pa.Table.from_batches(pending), None
 
 
 class TrailWriter:
@@ -548,7 +683,7 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
     not the file that was committed stops the reader with the file's name."""
     parquet, meta = _open(path, fs=fs, sha256=sha256)
     try:
-        table = parquet.read().replace_schema_metadata(None)
+        table = _current(parquet.read(), parquet)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=0) from None
     if verify:
@@ -559,17 +694,26 @@ def read_file(path: Path | str, *, verify: bool = True, fs=None, sha256: str | N
                 != meta["content_sha256"]:
             raise TrailError(path, "content checksum does not match its metadata", rba=0)
         _check_rbas(path, table, 0)
-    return _current(table)
+    return table
 
 
-def _current(table: pa.Table) -> pa.Table:
-    """Records of an older version's file in this version's columns."""
+def _current(table: pa.Table, parquet: pq.ParquetFile) -> pa.Table:
+    """Records read from `parquet` in this version's columns (an older version's file
+    has no table_version, or no copy_line either), with the copy lines' layouts on the
+    copy_line field, where every reader looks for them (copy_line_layouts): a version 4
+    file has them in its footer, an older one on the field already."""
+    table = table.replace_schema_metadata(None)
     if "table_version" not in table.schema.names:
         at = table.schema.get_field_index("copy_line") if "copy_line" in table.schema.names else table.num_columns
         table = table.add_column(at, "table_version", pa.nulls(len(table), pa.int32()))
-    if "copy_line" in table.schema.names:
+    if "copy_line" not in table.schema.names:
+        return table.append_column("copy_line", pa.nulls(len(table), pa.string()))
+    field = table.schema.field("copy_line")
+    footer = (parquet.schema_arrow.metadata or {}).get(_LAYOUTS_KEY)
+    if footer is None or _LAYOUTS_KEY in (field.metadata or {}):
         return table
-    return table.append_column("copy_line", pa.nulls(len(table), pa.string()))
+    return table.cast(table.schema.set(table.schema.get_field_index("copy_line"),
+                                       field.with_metadata({_LAYOUTS_KEY: footer})))
 
 
 def read_parts(path: Path | str, *, sha256: str, records: int, fs=None) -> Iterator[pa.Table]:
@@ -607,13 +751,13 @@ def _row_groups(path: Path | str, *, sha256: str, records: int, fs, images: bool
         first = 0
         for number in range(parquet.num_row_groups):
             try:
-                part = parquet.read_row_group(number, columns=columns).replace_schema_metadata(None)
+                part = _current(parquet.read_row_group(number, columns=columns), parquet)
             except (OSError, pa.ArrowInvalid) as exc:
                 raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=first) from None
             if checksum is not None:
                 checksum._start()
             _check_rbas(path, part, first)
-            yield _current(part), _image_decoder(parquet, number, path, first)
+            yield part, _image_decoder(parquet, number, path, first)
             first += len(part)
     finally:
         if checksum is not None:
