@@ -285,7 +285,7 @@ def test_purge_deletes_exactly_the_files_every_reader_has_passed(tmp_path, store
     assert "would purge seqno 1 " in shown and "seqno 2 " not in shown.split("kept")[0]
     assert "still needed by replicat REP9 at 2:1" in shown
     assert "no reader is registered" in shown                  # the remote trail: nobody reads it yet
-    assert _names(source.prefix.parent)[:5] == [f"lt00000000{n}" for n in range(1, 6)] and _purged(store, lt) == []
+    assert [n for n in _names(source.prefix.parent) if n.startswith("lt")][:5] == [f"lt00000000{n}" for n in range(1, 6)] and _purged(store, lt) == []
 
     assert cli.main(["--config", str(config_path), "purge", "trails"]) == 0
     assert "purged seqno 1 " in capsys.readouterr().out

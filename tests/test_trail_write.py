@@ -65,6 +65,23 @@ def test_records_out_of_commit_order_are_refused(tmp_path):
     assert not list(trails.existing_files(tmp_path / "lt"))
 
 
+def test_a_write_of_an_abandoned_run_publishes_nothing_once_a_newer_run_claimed_the_trail(tmp_path):
+    """A Spark Connect client killed mid-write leaves its job running on the server; the
+    next run writes the same file numbers. The late task of the abandoned run must not
+    rename its file over the newer run's (which may already be verified and committed)."""
+    prefix = tmp_path / "lt"
+    abandoned = trails.claim(prefix)
+    newer = trails.claim(prefix)
+    table = _records([(10, 2), (11, 1)], [0, 0])
+    [info] = trails.write_planned_files(prefix, 1, table.to_batches(), group="EXT1", log_bsn=Scn(5), claim=newer)
+    committed = info.path.read_bytes()
+    late = _records([(10, 2)], [0])
+    with pytest.raises(TrailboundError, match="a newer run of EXT1 has claimed this trail"):
+        list(trails.write_planned_files(prefix, 1, late.to_batches(), group="EXT1", log_bsn=Scn(5), claim=abandoned))
+    assert info.path.read_bytes() == committed, "the newer run's file is untouched"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lt.claim", "lt000000001"], "no temporary file left"
+
+
 @pytest.fixture
 def written(tmp_path):
     """A file as a task reports it, and the plan it was written to."""

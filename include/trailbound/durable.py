@@ -17,9 +17,11 @@ from pathlib import Path
 CHUNK = 1 << 20
 
 
-def temporary_path(path: Path) -> Path:
-    """Where `path` is written before the rename: hidden, so no file pattern matches it."""
-    return path.with_name(f".{path.name}.tmp")
+def temporary_path(path: Path, writer: str = "") -> Path:
+    """Where `path` is written before the rename: hidden, so no file pattern matches it.
+    `writer` names the write, so that two writers of one file (a run and an abandoned
+    one still running: see trail.format.claim) never write into each other's."""
+    return path.with_name(f".{path.name}.{writer}.tmp" if writer else f".{path.name}.tmp")
 
 
 def fsync_directory(directory: Path) -> None:
@@ -43,13 +45,20 @@ def atomic_write(path: Path, content: bytes | memoryview | Callable[[Path], None
     publish(path)
 
 
-def publish(path: Path) -> None:
-    """Make the complete file at `temporary_path(path)` durable as `path`: fsync it,
-    rename it over `path`, fsync the directory (for a writer that streams into the
-    temporary file itself)."""
-    temporary = temporary_path(path)
+def publish(path: Path, *, writer: str = "", fence: Callable[[], None] | None = None) -> None:
+    """Make the complete file at `temporary_path(path, writer)` durable as `path`: fsync
+    it, rename it over `path`, fsync the directory (for a writer that streams into the
+    temporary file itself). `fence`, called just before the rename, raises when this
+    write may no longer publish (trail.format.claim)."""
+    temporary = temporary_path(path, writer)
     with open(temporary, "rb+") as handle:
         os.fsync(handle.fileno())
+    if fence is not None:
+        try:
+            fence()
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
     os.replace(temporary, path)
     fsync_directory(path.parent)
 

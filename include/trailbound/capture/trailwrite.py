@@ -109,6 +109,9 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
     if not expected:
         return [], counts
     location = str(prefix)
+    # This run's claim on the trail: a task of an earlier run still writing (its client
+    # killed, its job left running on a Spark Connect server) can no longer publish.
+    claim = trails.claim(Path(prefix))
 
     def write(batches):
         # No crash point inside a task: a Python worker killed there left the test's crashed
@@ -126,7 +129,7 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
 
         for info in trails.write_planned_files(Path(location), first_seqno, counted(batches), group=group,
                                                log_bsn=log_bsn, layouts=layouts,
-                                               versions=versions):
+                                               versions=versions, claim=claim):
             number = info.seqno - first_seqno
             yield pa.RecordBatch.from_pylist([{
                 "file_no": number, "path": str(info.path), "records": info.records,

@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import threading
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trailbound import copytext
-from trailbound.durable import file_sha256, publish, temporary_path
+from trailbound.durable import atomic_write, file_sha256, publish, temporary_path
 from trailbound.errors import TrailboundError, TrailError
 from trailbound.positions import CSN_COLUMNS, Csn, Scn, TRAIL_ORDER, TrailPosition
 
@@ -229,15 +230,16 @@ class _FileWriter:
     the running content digest, the copy lines' layouts: all known only at the end) and
     publishes it; `cleanup` removes the temporary file of a write that failed."""
 
-    def __init__(self, prefix: Path, seqno: int, *, group: str, log_bsn: Scn):
+    def __init__(self, prefix: Path, seqno: int, *, group: str, log_bsn: Scn, claim: str = ""):
         self.prefix, self.seqno, self.group, self.log_bsn = prefix, seqno, group, log_bsn
+        self.claim = claim  # the run's claim on the trail (see `claim`), "" for none
         self.path = trail_path(prefix, seqno)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # No Arrow schema in the file: it would be written with the metadata it has now,
         # before the footer's is known. Read without one, the file's columns are SCHEMA's
         # all the same, and its key-value metadata (the footer, added at `close`) is its
         # schema's metadata for every Parquet reader.
-        self._parquet = pq.ParquetWriter(temporary_path(self.path), SCHEMA, compression="zstd",
+        self._parquet = pq.ParquetWriter(temporary_path(self.path, self.claim), SCHEMA, compression="zstd",
                                          write_page_checksum=True, store_schema=False)
         self._digest = ContentDigest()
         self._first: Csn | None = None
@@ -265,7 +267,8 @@ class _FileWriter:
             footer[_LAYOUTS_KEY] = _layouts_text(layouts)
         self._parquet.add_key_value_metadata(footer)
         self._parquet.close()
-        publish(self.path)
+        publish(self.path, writer=self.claim,
+                fence=(lambda: check_claim(self.prefix, self.claim, self.group)) if self.claim else None)
         return TrailFileInfo(self.seqno, self.path, records, self.path.stat().st_size, file_sha256(self.path),
                              self._first, self._last, self.log_bsn)
 
@@ -275,8 +278,40 @@ class _FileWriter:
             yield
         except BaseException:
             self._parquet.close()
-            temporary_path(self.path).unlink(missing_ok=True)
+            temporary_path(self.path, self.claim).unlink(missing_ok=True)
             raise
+
+
+# A run's claim on its trail. Capture's files are written by Spark tasks, and a task can
+# outlive the run that started it: a Spark Connect client killed mid-write leaves its job
+# running on the server, and the run that follows writes the same file numbers (nothing of
+# the killed run was committed), from more records perhaps. Each run claims the trail
+# before its tasks write (a token in a hidden file beside the trail); a task publishes a
+# file only while its run's claim is the trail's, so an abandoned run's late task can
+# never rename its file over one a newer run wrote, verified and committed.
+def claim_path(prefix: Path) -> Path:
+    return prefix.with_name(f".{prefix.name}.claim")
+
+
+def claim(prefix: Path) -> str:
+    """Claims the trail for the calling run (durably, before any of its tasks writes);
+    returns the claim's token for the tasks."""
+    token = uuid.uuid4().hex
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(claim_path(prefix), token.encode())
+    return token
+
+
+def check_claim(prefix: Path, token: str, group: str) -> None:
+    """Raises TrailError when the trail is no longer claimed by `token`: a newer run of
+    the group took it over, and this write was abandoned."""
+    try:
+        current = claim_path(prefix).read_text()
+    except FileNotFoundError:
+        current = ""
+    if current != token:
+        raise TrailError(prefix, f"a newer run of {group} has claimed this trail; this write was abandoned by its "
+                                 "run (a killed client whose Spark job went on) and publishes nothing")
 
 
 def with_table_versions(table: pa.Table, versions: dict[str, list[tuple[int, int]]]) -> pa.Table:
@@ -393,11 +428,12 @@ def transaction_indicators(csn_keys: list[np.ndarray], previous: tuple | None = 
 
 def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.RecordBatch], *, group: str,
                         log_bsn: Scn, between_files=None, layouts: dict | None = None,
-                        versions: dict | None = None) -> Iterator[TrailFileInfo]:
+                        versions: dict | None = None, claim: str = "") -> Iterator[TrailFileInfo]:
     """Write the files of a stream of record batches sorted by (`file_no`, commit order):
     the records of file number k become trail file `first_seqno + k`, with their rbas,
     transaction indicators, table versions (`versions`: with_table_versions) and the
-    copy lines of the tables in `layouts`. `between_files`
+    copy lines of the tables in `layouts`. `claim`: the writing run's claim on the trail
+    (`claim`), checked before each file is published. `between_files`
     runs after each file but the last (a crash point). Yields each file's TrailFileInfo
     as it is written.
 
@@ -411,7 +447,7 @@ def write_planned_files(prefix: Path, first_seqno: int, batches: Iterable[pa.Rec
     for index, (number, parts) in enumerate(by_file):
         if index and between_files is not None:
             between_files()
-        writer = _FileWriter(prefix, first_seqno + number, group=group, log_bsn=log_bsn)
+        writer = _FileWriter(prefix, first_seqno + number, group=group, log_bsn=log_bsn, claim=claim)
         named: dict = {}
         with writer.cleanup():
             rba, previous = 0, None
