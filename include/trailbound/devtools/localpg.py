@@ -103,10 +103,14 @@ class LocalServer:
 
     def start(self) -> "LocalServer":
         self.directory.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and not self.is_running():
+            # (A running server's files are its own already, and come and go as it works.)
             postgres = pwd.getpwnam("postgres")
             for path in [self.directory, *self.directory.rglob("*")]:
-                os.chown(path, postgres.pw_uid, postgres.pw_gid)
+                try:
+                    os.chown(path, postgres.pw_uid, postgres.pw_gid)
+                except FileNotFoundError:
+                    pass
         if not (self.data / "PG_VERSION").exists():
             if self.data.exists():
                 shutil.rmtree(self.data)
