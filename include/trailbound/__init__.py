@@ -13,6 +13,7 @@ metadata store, `metadata.py` with its migrations in `sql/`. Around them: `cli/`
 data), `runlog.py` (every run's outcome), `runcounts.py` (each run's operations per
 table), `stats.py` (STATS, LAG, VIEW REPORT, SEND REPLICAT ... STATUS as text),
 `metrics.py` (Prometheus text), `idle.py` (the checks made before starting Spark),
+`overlap.py` (`trailbound replicate`: a source's stages at once, each a loop of runs),
 `quality.py` (Great Expectations checks). Shared by all: `positions.py`,
 `errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
 `tables.py` (TABLE patterns), `keyranges.py` (key ranges for the load and the
