@@ -129,7 +129,7 @@ def execute(dsn: str, *statements) -> None:
     connection.close()
 
 
-def write_config(source_env: str) -> Path:
+def write_config(source_env: str, segment_records: int) -> Path:
     path = WORK / "trailbound.yaml"
     path.write_text(f"""home: {WORK}
 sources:
@@ -141,7 +141,7 @@ sources:
       slot: trailbound_bench
       publication: trailbound_bench
       table: ["public.pgbench_*"]
-      segment: {{records: 200000, bytes: 256M, seconds: 3600}}
+      segment: {{records: {segment_records}, bytes: 256M, seconds: 3600}}
 extracts:
   EXTB: {{source: PGB, exttrail: dirdat/lt, table: ["public.pgbench_*"], megabytes: 256}}
 pumps:
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--separate", action="store_true",
                         help="`archive pull`, then `extract run` (default: `extract run --pull`, capturing while "
                              "the pull runs)")
+    parser.add_argument("--segment-records", type=int, default=200_000,
+                        help="the pull's segment size in records (capture beside the pull takes whole segments)")
     parser.add_argument("--overlap", action="store_true",
                         help="`trailbound replicate` (every stage at once) instead of the stages one after another")
     args = parser.parse_args(argv)
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True)
     env = {**os.environ, "TRAILBOUND_BENCH_SOURCE_DSN": source, "TRAILBOUND_METADATA_DSN": metadata,
            "TRAILBOUND_TARGET_DSN": target, "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
-           "TRAILBOUND_CONFIG": str(write_config("TRAILBOUND_BENCH_SOURCE_DSN"))}
+           "TRAILBOUND_CONFIG": str(write_config("TRAILBOUND_BENCH_SOURCE_DSN", args.segment_records))}
     tb = [sys.executable, "-m", "trailbound.cli"]
 
     # Empty tables on the source and both replicas, then both slots at the same point.
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                "used a smaller one.")
     mode = " --overlap" if args.overlap else " --separate" if args.separate else ""
     command = (f"make bench (or: .venv/bin/python tests/bench/bench_live_postgres.py --scale {args.scale} "
-               f"--transactions {args.transactions}{mode})")
+               f"--transactions {args.transactions} --segment-records {args.segment_records}{mode})")
     if args.overlap:
         capture_time = f"{timings['capture']:.0f} s busy, overlapping the pull"
         stage_rows = (f"| `trailbound replicate` (every stage at once; below, each stage's busy time) | "
