@@ -30,12 +30,32 @@ from trailbound import cli
 from trailbound import config as configuration
 from trailbound.archive.segments import discover
 from trailbound.capture import checkpoints as extract_checkpoints
+from trailbound.overlap import pipeline
 from trailbound.positions import Csn, Scn
 
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
 TABLES = [("public", "pgbench_accounts"), ("public", "pgbench_branches"), ("public", "pgbench_tellers"),
           ("public", "pgbench_history")]
+
+
+def test_the_pipeline_of_a_source_and_what_replicate_refuses(tmp_path, capsys):
+    """A source's stages, upstream first; a source nothing would carry to the target, and
+    a loop given a past interval or a pull of its own, refused in one line before
+    anything runs."""
+    config = configuration.load(write_config(tmp_path))
+    assert [str(stage) for stage in pipeline(config, "pg")] == ["pull PG", "capture EXT1", "pump PMP1",
+                                                                "replicat REP1"]
+    lonely = tmp_path / "lonely.yaml"
+    lonely.write_text(f"home: {tmp_path}\nsources:\n  SIM: {{altarchivelogdest: sim}}\n"
+                      "extracts:\n  EXT9: {source: SIM, exttrail: dirdat/sim, table: ['*.*']}\n")
+    assert cli.main(["--config", str(lonely), "replicate", "SIM"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "ERROR no replicat in the configuration applies a trail of source SIM's extracts (EXT9) or of their pumps: "
+        "nothing would reach the target"]
+    for option in (["--pull"], ["--until", "2026-11-01T00:00:00Z"]):
+        assert cli.main(["--config", str(lonely), "extract", "run", "EXT9", "--loop", *option]) == 1
+        assert "--loop runs each capture up to what is archived then" in capsys.readouterr().err
 
 
 def _replicate(config_path: Path, remote: str) -> subprocess.Popen:

@@ -81,6 +81,9 @@ def _looped(ctx: Context, argv: list[str]) -> int:
     recorded on its own; between them the wait trailbound.overlap.repeat makes."""
     from trailbound.overlap import idle_check, repeat
 
+    if getattr(ctx.args, "pull", False) or getattr(ctx.args, "until", None):
+        raise TrailboundError("--loop runs each capture up to what is archived then: it takes neither --pull "
+                              "(`trailbound replicate` pulls beside the loops) nor --until")
     kind = RUN_VERBS.get(ctx.args.handler)
     group = getattr(ctx.config, f"{kind}_name")(ctx.args.group) if kind else None
     check = idle_check(kind, ctx.store, ctx.config, group, ctx.target_dsn) if kind else None
