@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         stages = (("pump", ["pump", "run", "PMPB"]), ("replicat", ["replicat", "run", "REPB"]))
     changes = int(re.search(r"pulled (\d+) change", pulled).group(1))
     print(pulled.strip(), flush=True)
+    for stage in ("pull", "capture", "pump", "replicat") if args.overlap else ():
+        print(f"{stage}: {timings.get(stage, 0):.1f} s busy", flush=True)
     for stage, words in stages:
         timings[stage], output = run([*tb, *words], env)
         print(f"{stage}: {timings[stage]:.1f} s", flush=True)
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     ratio = pipeline / native_time
-    capture_time = (f"{timings['capture']:.0f} s" if args.separate else
+    capture_time = (f"{timings['capture']:.0f} s" if args.separate or args.overlap else
                     f"{timings['pull and capture'] - timings['pull']:.0f} s after the pull ended")
     smaller = ("" if changes >= 900_000 else
                "\n\nThe default backlog is about 1,000,000 row changes (scale 5, 125,000 transactions); this run\n"
@@ -251,7 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     command = (f"make bench (or: .venv/bin/python tests/bench/bench_live_postgres.py --scale {args.scale} "
                f"--transactions {args.transactions} --segment-records {args.segment_records}{mode})")
     if args.overlap:
-        capture_time = f"{timings['capture']:.0f} s busy, overlapping the pull"
         stage_rows = (f"| `trailbound replicate` (every stage at once; below, each stage's busy time) | "
                       f"{timings['replicate']:.1f} s | |\n"
                       f"| the pull (until its line came; capture ran beside it) | {timings['pull']:.1f} s | "
