@@ -14,7 +14,10 @@ insert each) on 2 clients. Then, with nothing writing:
 
 - pull: `trailbound archive pull` alone, the rate in changes/s;
 - pipeline: pull + `extract run` + `pump run` + `replicat run` (four CLI processes, Spark
-  local mode), timed from before the pull to the end of replicat;
+  local mode), timed from before the pull to the end of replicat; with --overlap,
+  `trailbound replicate` instead (the four stages at once, each a loop of runs in a process
+  of its own), timed to caught up, with each stage's busy time (the sum of its runs, from
+  the run log) and when the pull ended;
 - native: CREATE SUBSCRIPTION (copy_data off, the slot made before the backlog) on a
   second database of the target server, timed until the subscriber holds every
   transaction (pgbench_history's count, every transaction inserts one row).
@@ -86,6 +89,29 @@ def spark_floor(archive: Path, env: dict) -> tuple[float, dict]:
     return elapsed, json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
 
 
+def overlapped(argv: list[str], env: dict, metadata: str) -> tuple[float, str, dict]:
+    """`trailbound replicate`: (its wall time, its output, each stage's busy seconds: the
+    pull until its line came, and the sum of each kind's runs in the run log)."""
+    started = time.monotonic()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, busy = [], {}
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("Source PGB: pulled") and "pull" not in busy:
+            busy["pull"] = time.monotonic() - started
+    errors = process.stderr.read()
+    elapsed = time.monotonic() - started
+    if process.wait() != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{(''.join(lines) + errors)[-3000:]}")
+    with psycopg2.connect(metadata) as connection, connection.cursor() as cur:
+        cur.execute("SELECT kind, sum(extract(epoch FROM ended_at - started_at)) FROM trailbound.run_outcome"
+                    " WHERE outcome = 'ok' GROUP BY kind")
+        names = {"extract": "capture", "pump": "pump", "replicat": "replicat"}
+        busy.update({names[kind]: float(seconds) for kind, seconds in cur.fetchall()})
+    connection.close()
+    return elapsed, "".join(lines), busy
+
+
 def one_value(dsn: str, text: str):
     with psycopg2.connect(dsn) as connection, connection.cursor() as cur:
         cur.execute(text)
@@ -103,7 +129,7 @@ def execute(dsn: str, *statements) -> None:
     connection.close()
 
 
-def write_config(source_env: str) -> Path:
+def write_config(source_env: str, segment_records: int) -> Path:
     path = WORK / "trailbound.yaml"
     path.write_text(f"""home: {WORK}
 sources:
@@ -115,7 +141,7 @@ sources:
       slot: trailbound_bench
       publication: trailbound_bench
       table: ["public.pgbench_*"]
-      segment: {{records: 200000, bytes: 256M, seconds: 3600}}
+      segment: {{records: {segment_records}, bytes: 256M, seconds: 3600}}
 extracts:
   EXTB: {{source: PGB, exttrail: dirdat/lt, table: ["public.pgbench_*"], megabytes: 256}}
 pumps:
@@ -133,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--separate", action="store_true",
                         help="`archive pull`, then `extract run` (default: `extract run --pull`, capturing while "
                              "the pull runs)")
+    parser.add_argument("--segment-records", type=int, default=200_000,
+                        help="the pull's segment size in records (capture beside the pull takes whole segments)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="`trailbound replicate` (every stage at once) instead of the stages one after another")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
 
@@ -147,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True)
     env = {**os.environ, "TRAILBOUND_BENCH_SOURCE_DSN": source, "TRAILBOUND_METADATA_DSN": metadata,
            "TRAILBOUND_TARGET_DSN": target, "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
-           "TRAILBOUND_CONFIG": str(write_config("TRAILBOUND_BENCH_SOURCE_DSN"))}
+           "TRAILBOUND_CONFIG": str(write_config("TRAILBOUND_BENCH_SOURCE_DSN", args.segment_records))}
     tb = [sys.executable, "-m", "trailbound.cli"]
 
     # Empty tables on the source and both replicas, then both slots at the same point.
@@ -171,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
 
     timings = {}
     pipeline_started = time.monotonic()
-    if args.separate:
+    if args.overlap:
+        timings["replicate"], pulled, busy = overlapped([*tb, "replicate", "PGB"], env, metadata)
+        timings.update(busy)
+        stages = ()
+    elif args.separate:
         timings["pull"], pulled = run([*tb, "archive", "pull", "PGB"], env)
         stages = (("capture", ["extract", "run", "EXTB"]), ("pump", ["pump", "run", "PMPB"]),
                   ("replicat", ["replicat", "run", "REPB"]))
@@ -181,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         stages = (("pump", ["pump", "run", "PMPB"]), ("replicat", ["replicat", "run", "REPB"]))
     changes = int(re.search(r"pulled (\d+) change", pulled).group(1))
     print(pulled.strip(), flush=True)
+    for stage in ("pull", "capture", "pump", "replicat") if args.overlap else ():
+        print(f"{stage}: {timings.get(stage, 0):.1f} s busy", flush=True)
     for stage, words in stages:
         timings[stage], output = run([*tb, *words], env)
         print(f"{stage}: {timings[stage]:.1f} s", flush=True)
@@ -208,14 +244,21 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     ratio = pipeline / native_time
-    capture_time = (f"{timings['capture']:.0f} s" if args.separate else
+    capture_time = (f"{timings['capture']:.0f} s" if args.separate or args.overlap else
                     f"{timings['pull and capture'] - timings['pull']:.0f} s after the pull ended")
     smaller = ("" if changes >= 900_000 else
                "\n\nThe default backlog is about 1,000,000 row changes (scale 5, 125,000 transactions); this run\n"
                "used a smaller one.")
+    mode = " --overlap" if args.overlap else " --separate" if args.separate else ""
     command = (f"make bench (or: .venv/bin/python tests/bench/bench_live_postgres.py --scale {args.scale} "
-               f"--transactions {args.transactions}{' --separate' if args.separate else ''})")
-    if args.separate:
+               f"--transactions {args.transactions} --segment-records {args.segment_records}{mode})")
+    if args.overlap:
+        stage_rows = (f"| `trailbound replicate` (every stage at once; below, each stage's busy time) | "
+                      f"{timings['replicate']:.1f} s | |\n"
+                      f"| the pull (until its line came; capture ran beside it) | {timings['pull']:.1f} s | "
+                      f"{changes / timings['pull']:,.0f} changes/s |\n"
+                      f"| capture runs (Spark local, one session across the runs) | {timings['capture']:.1f} s | |")
+    elif args.separate:
         stage_rows = (f"| `trailbound archive pull` (the slot to archive segments) | {timings['pull']:.1f} s | "
                       f"{changes / timings['pull']:,.0f} changes/s |\n"
                       f"| `trailbound extract run` (capture, Spark local) | {timings['capture']:.1f} s | |")

@@ -19,6 +19,7 @@
     stats.py      stats extract|pump|replicat (STATS), lag extract|pump|replicat (LAG)
     report.py     view report (VIEW REPORT), send replicat ... status
     compare.py    compare
+    replicate.py  replicate (a source's stages at once), and --loop of the run verbs
     dags.py       dags generate
     logdump.py    logdump
     simulate.py   simulate
@@ -69,6 +70,32 @@ def _outcome_recorded(ctx: Context, argv: list[str]):
         yield
 
 
+def _once(ctx: Context, argv: list[str]) -> int:
+    with _outcome_recorded(ctx, argv):
+        with spark_task_errors_as_ours():
+            return ctx.args.handler(ctx)
+
+
+def _looped(ctx: Context, argv: list[str]) -> int:
+    """`... run --loop` (and `archive pull --loop`): ordinary runs, one after another, each
+    recorded on its own; between them the wait trailbound.overlap.repeat makes."""
+    from trailbound.overlap import idle_check, repeat
+
+    if getattr(ctx.args, "pull", False) or getattr(ctx.args, "until", None):
+        raise TrailboundError("--loop runs each capture up to what is archived then: it takes neither --pull "
+                              "(`trailbound replicate` pulls beside the loops) nor --until")
+    kind = RUN_VERBS.get(ctx.args.handler)
+    group = getattr(ctx.config, f"{kind}_name")(ctx.args.group) if kind else None
+    check = idle_check(kind, ctx.store, ctx.config, group, ctx.target_dsn) if kind else None
+
+    def run_once() -> None:
+        _once(ctx, argv)
+        sys.stdout.flush()  # a supervisor relays each run's line as it comes
+
+    repeat(run_once, check, ctx.args.poll)
+    return 0
+
+
 def _shell_expanded(argv: list[str], args, extra: list[str]) -> str | None:
     """What to say when a group name came as several words that are file names here: an
     unquoted `info extract *` that the shell expanded before we saw it. None otherwise."""
@@ -104,9 +131,7 @@ def main(argv: list[str] | None = None, *, dsns: dict[str, str] | None = None) -
         parser.parse_args(argv)  # argparse's own usage error, exit status 2
     ctx = Context(args, dsns)
     try:
-        with _outcome_recorded(ctx, argv):
-            with spark_task_errors_as_ours():
-                status = args.handler(ctx)
+        status = _looped(ctx, argv) if getattr(args, "loop", False) else _once(ctx, argv)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
         return status
     except TrailboundError as exc:

@@ -85,6 +85,20 @@ def airflow_run_argument(run: argparse.ArgumentParser) -> None:
                      help="the Airflow DAG run this run belongs to (the DAGs' tasks pass it)")
 
 
+def poll_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                         help="how long to wait when there is nothing to do (default 1)")
+
+
+def loop_argument(command: argparse.ArgumentParser, what: str) -> None:
+    """`--loop` (and `--poll`) of `extract|pump|replicat run` and `archive pull`: the runs
+    `trailbound replicate` starts (trailbound.overlap)."""
+    command.add_argument("--loop", action="store_true",
+                         help=f"run again {what}, each time an ordinary run, until SIGTERM or SIGINT (the run in "
+                              "progress ends first)")
+    poll_argument(command)
+
+
 def verb(group, name: str, handler: Callable[[Context], int], help_text: str) -> argparse.ArgumentParser:
     """A verb (or a verb's action or kind) that runs `handler`; its help is its description too."""
     sub = group.add_parser(name, help=help_text, description=help_text)

@@ -3,7 +3,7 @@ directives for the next run, `send extract` and `start extract`."""
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, airflow_run_argument, utc_time, verb
+from trailbound.cli.context import Context, airflow_run_argument, loop_argument, utc_time, verb
 from trailbound.cli.status import info_groups
 from trailbound.errors import TrailboundError
 
@@ -124,6 +124,7 @@ def run_arguments(verbs) -> None:
     run = verb(extract, "run", extract_run, "run one capture batch for an extract group")
     run.add_argument("group")
     airflow_run_argument(run)
+    loop_argument(run, "whenever the archive holds more")
     run.add_argument("--until", type=utc_time, help="read only segments archived by this time (a past interval)")
     run.add_argument("--brreset", action="store_true", help="one normal recovery, then Bounded Recovery again")
     run.add_argument("--pull", action="store_true", help="a PostgreSQL source: pull its WAL into the archive (archive "

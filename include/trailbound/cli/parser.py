@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from trailbound import config as configuration
-from trailbound.cli import (archive, compare, dags, extract, load, logdump, pump, replicat, report, retention, simulate,
-                            source, stats, status)
+from trailbound.cli import (archive, compare, dags, extract, load, logdump, pump, replicat, replicate, report, retention,
+                            simulate, source, stats, status)
 
 USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenGate has one
 (INFO EXTRACT ... SHOWCH, SEND EXTRACT ... SKIPTRANS, ALTER REPLICAT ... ATCSN, LOGDUMP).
@@ -47,6 +47,7 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound add|delete|info source SRC    a live PostgreSQL source: publication, slot, defs.json
     trailbound archive pull SRC              archive a PostgreSQL source's WAL through its slot
     trailbound add heartbeattable SRC        a heartbeat table each pull writes: end-to-end lag (lag, info all)
+    trailbound replicate SRC [--follow]      pull, capture, pump and replicat at once until caught up
     trailbound compare SRC REP1 [--table P]  compare source and target tables (Veridata-style), confirm
                                              differences once replicat is past them; --repair-script FILE
     trailbound load SRC REP1 [--table P]     initial load on Spark: at the slot's snapshot, or between watermarks
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     archive_actions = archive.arguments(verbs)
     load.arguments(verbs)
     extract.run_arguments(verbs)
+    replicate.arguments(verbs)
     kinds = {word: verbs.add_parser(word, help=overview).add_subparsers(dest="kind", required=True, metavar="KIND")
              for word, overview in GROUP_VERBS.items()}  # add/delete/alter/info -> their KIND subparsers
     extract.arguments(verbs, kinds)

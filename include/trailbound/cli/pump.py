@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, airflow_run_argument, verb
+from trailbound.cli.context import Context, airflow_run_argument, loop_argument, verb
 from trailbound.cli.status import info_groups
 from trailbound.errors import TrailboundError
 
@@ -60,6 +60,7 @@ def arguments(verbs, kinds) -> None:
     run = verb(pump, "run", pump_run, "ship the committed trail files a pump has not shipped")
     run.add_argument("group")
     airflow_run_argument(run)
+    loop_argument(run, "whenever capture has committed more")
     for word, handler, text in (("add", add_pump, "add a pump group, registering it as a reader of its source trail"),
                                 ("delete", delete_pump, "delete a pump's checkpoints and reader registration"),
                                 ("info", info_pump, "a pump's status and checkpoints (INFO EXTRACT ... SHOWCH)")):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, airflow_run_argument, utc_time, verb
+from trailbound.cli.context import Context, airflow_run_argument, loop_argument, utc_time, verb
 from trailbound.cli.status import info_groups
 
 
@@ -79,6 +79,7 @@ def arguments(verbs, kinds) -> None:
     run = verb(replicat, "run", replicat_run, "apply the trail from the checkpoint to its committed end")
     run.add_argument("group")
     airflow_run_argument(run)
+    loop_argument(run, "whenever pump has shipped more")
     command = verb(kinds["add"], "checkpointtable", add_checkpointtable,
                    "create the checkpoint table (and its _lox table) in the target (ADD CHECKPOINTTABLE)")
     command.add_argument("name", nargs="?", metavar="[SCHEMA.]NAME", help="default: the replicats' checkpointtable")

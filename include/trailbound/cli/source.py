@@ -3,7 +3,7 @@ and `add heartbeattable SRC`."""
 
 from __future__ import annotations
 
-from trailbound.cli.context import Context, verb
+from trailbound.cli.context import Context, loop_argument, verb
 
 
 def archive_pull(ctx: Context) -> int:
@@ -68,6 +68,7 @@ def arguments(archive, kinds) -> None:
     command = verb(archive, "pull", archive_pull, "archive a PostgreSQL source's WAL: read its slot up to the "
                                                    "server's position now, write segments, then confirm the slot")
     command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+    loop_argument(command, "after --poll seconds")
 
     for word, handler, text in (("add", add_source, "a PostgreSQL source: create its publication and slot "
                                                     "(pgoutput), write defs.json"),
