@@ -39,7 +39,7 @@ APPLIED = {**AFTER_T1, **{key: f"n{key}" for key in T2_KEYS if key != 11}, 10: "
 
 
 def test_a_transaction_longer_than_chunk_records_is_applied_in_pieces_inside_one_target_transaction(
-        tmp_path, spark, store, target_dsn, monkeypatch):
+        tmp_path, spark, store, target_dsn, monkeypatch, capsys):
     config_path, _ = _captured(tmp_path, spark, store, target_dsn, RECORDS, grouptransops=1, chunk_records=4)
     env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, "TRAILBOUND_TARGET_DSN": target_dsn}
     monkeypatch.setenv("TRAILBOUND_METADATA_DSN", store.connection.dsn)
