@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import subprocess
@@ -67,6 +68,7 @@ TABLES = [("public", name) for name in ("pgbench_accounts", "pgbench_branches", 
 DAGS = ("capture_esoak", "pump_psoak", "replicat_rsoak")
 FAULTS = ("task", "scheduler", "source", "target", "spark")
 SAMPLE_SECONDS = 5
+TASK_TITLE = re.compile(r"airflow worker -- [0-9a-f]{8}-[0-9a-f]{4}-")
 
 CONFIG = """\
 # Written by trailbound.devtools.soak: the live pipeline that `make soak` runs.
@@ -288,7 +290,10 @@ class Soak:
                     words = " ".join(process.cmdline())
                 except psutil.Error:
                     continue
-                if "task runner" in words or ("java" in words and "SparkSubmit" in words):
+                # A task's own process ("airflow worker -- <task instance id>", Airflow 3's
+                # title for it; the executor's idle workers say "LocalExecutor") or its
+                # spark-submit JVM (--spark submit).
+                if TASK_TITLE.match(words) or ("java" in words and "SparkSubmit" in words):
                     found.append(process)
         return found
 
