@@ -306,9 +306,14 @@ function Heartbeat({ heartbeat }) {
     return h(Text, { id: "heartbeat", color: "fg.muted", fontSize: "sm" },
       "no heartbeat yet: the end-to-end lag (source commit to target apply) shows here once the heartbeat table is in use; each hop's lag is above");
   }
+  // Each hop's share of the end-to-end lag (archive, capture, pump, replicat); a hop
+  // without its stamp (no pump) shows a dash.
+  const hops = ["archive", "capture", "pump", "replicat"];
+  const share = (value) => (value === null || value === undefined ? "-" : hms(value));
   return h(DataTable, {
-    id: "heartbeat-table", columns: ["Path", "End-to-end lag", "Heartbeat at"],
-    rows: heartbeat.map((b) => h(Table.Row, { key: b.path }, cell(b.path), cell(hms(b.lag_seconds)), cell(utc(b.at)))),
+    id: "heartbeat-table", columns: ["Path", "End-to-end lag", ...hops.map((hop) => `${hop} hop`), "Heartbeat at"],
+    rows: heartbeat.map((b) => h(Table.Row, { key: b.path }, cell(b.path), cell(hms(b.lag_seconds)),
+      ...hops.map((hop) => cell(share((b.hops || {})[hop]), { key: hop })), cell(utc(b.at)))),
   });
 }
 
