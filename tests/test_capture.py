@@ -197,7 +197,8 @@ def test_a_crash_at_every_point_in_turn_then_a_rerun_gives_the_uninterrupted_tra
     run(spark, store, config, at(m(100)))
     before = state(store)
     env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **driver_jvm.env}
-    for point in CRASH_POINTS:
+    # The version-change points need an archive whose tables change (the crash matrix's).
+    for point in [p for p in CRASH_POINTS if "new_version" not in p]:
         crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "extract", "run", "EXT1",
                                                 "--until", at(m(200)).isoformat()),
                                  env={**env, CRASH_ENV: point}, capture_output=True, text=True, timeout=300)

@@ -66,21 +66,22 @@ class TrailboundSparkSubmitOperator(SparkSubmitOperator):
         if reason:
             raise AirflowSkipException(reason)
         # The DAG run this run belongs to, recorded with it (the console links each run to it).
-        airflow_run = [context["ti"].dag_id, context["run_id"]]
+        ti = context.get("ti")
+        airflow_run = [ti.dag_id, context["run_id"]] if ti is not None else []
         remote = hook.spark_remote()
         if remote:
             # A warm Spark Connect server: the run is its client, in this task, with no
             # spark-submit and no JVM here (docs/architecture.md, "Where each stage runs").
             self.log.info("%s %s runs in this task on the Spark Connect server", self.kind, self.group)
-            hook.run_command([VERBS[self.kind], "run", self.group, *self._options(), "--airflow-run", *airflow_run],
-                             remote=remote)
+            hook.run_command([VERBS[self.kind], "run", self.group, *self._options(),
+                              *(["--airflow-run", *airflow_run] if airflow_run else [])], remote=remote)
             return None
         master = self._spark_master()
         if self.kind in ("pump", "replicat") and hook.runs_in_the_task(self.kind, self.group, master):
             self.log.info("%s %s needs no spark-submit: running in this task", self.kind, self.group)
-            hook.run_in_the_task(self.kind, self.group, master, airflow_run=airflow_run)
+            hook.run_in_the_task(self.kind, self.group, master, airflow_run=airflow_run or None)
             return None
-        self.application_args = [*(self.application_args or []), "--airflow-run", *airflow_run]
+        self.application_args = [*(self.application_args or []), *(["--airflow-run", *airflow_run] if airflow_run else [])]
         # The job's DSNs go in the child's environment only (see the module's docstring).
         self._job_env = hook.dsns(target=self.kind == "replicat") if self._env_stays_local(master) else {}
         return super().execute(context)

@@ -7,8 +7,9 @@ from trailbound.cli.context import Context, poll_argument, verb
 
 
 def replicate(ctx: Context) -> int:
-    from trailbound.overlap import replicate as run
+    from trailbound.overlap import pipeline, replicate as run
 
+    pipeline(ctx.config, ctx.source_name())  # what the configuration cannot do, refused before any connection
     result = run(ctx.store, ctx.config, ctx.source_name(), config_file=ctx.args.config, remote=ctx.args.remote,
                  follow=ctx.args.follow, poll=ctx.args.poll, target_dsn=ctx.target_dsn)
     print(result.describe())
