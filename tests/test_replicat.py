@@ -733,7 +733,7 @@ def test_a_crash_at_every_point_in_turn_then_a_rerun_converges(captured, metadat
             assert row is None or file_checkpoint.position <= TrailPosition(row["seqno"], row["rba"]), \
                 "the group that died in its COPY: nothing of it is committed"
         elif point == "after_target_commit":
-            assert row["seqno"] >= 1 and file_checkpoint.position == TrailPosition(0, 0), \
+            assert row["seqno"] >= 1 and file_checkpoint.position < TrailPosition(row["seqno"], row["rba"]), \
                 "the target committed the group, the metadata store never heard of it"
             committed = TrailPosition(row["seqno"], row["rba"])
         else:
