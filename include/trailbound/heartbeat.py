@@ -37,6 +37,8 @@ import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from psycopg2 import sql
+
 from trailbound.tables import python_regex
 
 TABLE = "trailbound_heartbeat"            # the heartbeat table's name, in any schema
@@ -136,8 +138,9 @@ def record(cur, beats: list[Beat]) -> None:
     latest per (replicat, source) and the history (idempotent: a beat recorded twice
     stays one row)."""
     for beat in beats:
-        cur.execute(UPSERT_LATEST.format(table="trailbound.heartbeat"), values(beat))
-        cur.execute(INSERT_HISTORY.format(table="trailbound.heartbeat_history"), values(beat))
+        cur.execute(sql.SQL(UPSERT_LATEST).format(table=sql.Identifier("trailbound", "heartbeat")), values(beat))
+        cur.execute(sql.SQL(INSERT_HISTORY).format(table=sql.Identifier("trailbound", "heartbeat_history")),
+                    values(beat))
 
 
 def from_row(row: dict) -> Beat:
@@ -193,7 +196,7 @@ def _seconds(value: float | None) -> str:
 
 
 # The same statements write the target's tables (replicat/heartbeat.py) and the metadata
-# store's copy: {table} is a composed identifier or the copy's fixed name.
+# store's copy: {table} is a composed identifier (psycopg2.sql).
 UPSERT_LATEST = (
     "INSERT INTO {table} AS h (" + ", ".join(_COLUMNS) + ") VALUES (" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
     " ON CONFLICT (group_name, source) DO UPDATE SET " + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[2:])
