@@ -6,7 +6,7 @@ A second throwaway server (var/pg-source, wal_level=logical) hosts the source da
 `trailbound_source`; the demo's own server (var/pg, started by `make db`) holds this
 demo's metadata store and target, in two fresh databases of their own
 (trailbound_live_meta, trailbound_live_target), so `make demo`'s are untouched. Steps:
-pgbench's tables (empty), `trailbound add source PGLIVE`, `trailbound target create`,
+pgbench's tables (empty), `trailbound add source PGLIVE`, `add heartbeattable PGLIVE`, `trailbound target create`,
 pgbench's data load, then pgbench writing (-R TPS) while `airflow dags test` runs capture
 (its first task pulls the slot), pump and replicat, N rounds; pgbench stops, one last
 round, and the source and target are compared table by table (an order-independent
@@ -159,12 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     for dag_id in DAGS:
         subprocess.run(["airflow", "dags", "delete", dag_id, "--yes"], env=env, capture_output=True)
 
-    print("== pgbench's tables (empty), then `trailbound add source PGLIVE` and `trailbound target create`")
+    print("== pgbench's tables (empty), then `trailbound add source PGLIVE`, `add heartbeattable PGLIVE`"
+          " (end-to-end lag) and `trailbound target create`")
     run(["pgbench", "-i", "-I", "dtp", "-q", source_dsn], env)
     with psycopg2.connect(source_dsn) as connection, connection.cursor() as cur:
         cur.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")  # it has no primary key
     connection.close()
-    for words in (["add", "source", "PGLIVE"], ["target", "create"]):
+    for words in (["add", "source", "PGLIVE"], ["add", "heartbeattable", "PGLIVE"], ["target", "create"]):
         print("  " + run(["trailbound", *words], env).strip().replace("\n", "\n  "))
 
     print(f"== pgbench: the data load (100,000 accounts), then {args.rate} transactions/s while the pipeline runs")
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "public.pgbench_history", "public.pgbench_tellers")]
     same = compare(source_dsn, env["TRAILBOUND_TARGET_DSN"], tables)
     print("  " + run(["trailbound", "info", "source", "PGLIVE"], env).strip().replace("\n", "\n  "))
+    # The heartbeat's way from the source's row to the target's, hop by hop.
+    print("  " + run(["trailbound", "lag", "replicat", "RLIVE"], env).strip().replace("\n", "\n  "))
     print(f"\nWall time: {time.monotonic() - started:.0f} s. Logs: {LIVE / 'logs'}; archive {LIVE / 'archive'};"
           f" the source: psql {source_dsn}")
     print("The slot holds the source's WAL until you drop it: trailbound delete source PGLIVE "
