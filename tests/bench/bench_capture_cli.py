@@ -1,0 +1,228 @@
+"""Capture through the command line against a plain PySpark job over the same records
+(issue 38: capture at least 0.8x a plain read + sort + write, the JVM's start counted on
+both sides).
+
+    .venv/bin/python tests/bench/bench_capture_cli.py [--records 2000000] [--repeat 2]
+
+One simulated archive (var/bench/capture-N, shared with bench_capture.py). Each variant is
+a whole process, timed from its start to its exit, so a JVM's start is inside the figure
+when the process starts one:
+
+- `cold`: each side starts its own local Spark (local[*], 1 GB driver): the plain job is a
+  Python process that builds a SparkSession with trailbound's settings, reads the
+  segments, sorts them by (scn, rba) and writes Parquet; the capture is
+  `trailbound extract run EXT1` (which also catalogs the archive on its first run).
+- `connect`: both sides are clients of one Spark Connect server started before them (its
+  start reported apart, as a service's): the plain job and `trailbound extract run` with
+  SPARK_REMOTE. Neither side starts a JVM; both pay the client's start.
+
+Capture always starts from a fresh metadata database and an empty trail. CPU-seconds are
+the process tree's (a cpuacct cgroup per run, as /work/tools/cgtime counts; the server's
+own tree beside it for `connect`). The ratio is plain time / capture time (1.0 = capture as
+fast as a job that does nothing but read, sort and write). Results are appended to
+docs/benchmarks/capture-cli.md.
+
+Needs TRAILBOUND_METADATA_DSN (make bench provides its throwaway server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_capture import _archive  # noqa: E402  the same deterministic archives
+from benchdb import fresh_database  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "benchmarks" / "capture-cli.md"
+CGROOT = Path("/sys/fs/cgroup/cpuacct")
+
+PLAIN_JOB = """
+import sys
+from pathlib import Path
+from trailbound import spark as spark_session
+archive, out = Path(sys.argv[1]), sys.argv[2]
+spark = spark_session.session("plain-read-sort-write")
+paths = sorted(str(p) for p in archive.glob("*.parquet"))
+spark.read.parquet(*paths).orderBy("scn", "rba").write.mode("overwrite").parquet(out)
+print("plain: wrote", out)
+"""
+
+
+class CpuGroup:
+    """A cpuacct cgroup a child process is started in: the CPU-seconds of everything it
+    starts, JVMs and Python workers included (None where cgroups v1 is not mounted)."""
+
+    def __init__(self, name: str):
+        self.path = CGROOT / f"bench-capture-cli.{os.getpid()}.{name}"
+        self.available = CGROOT.is_dir()
+        if self.available:
+            self.path.mkdir(exist_ok=True)
+
+    def preexec(self):
+        if not self.available:
+            return None
+        path = self.path / "cgroup.procs"
+        return lambda: path.write_text(str(os.getpid()))
+
+    def seconds(self) -> float | None:
+        if not self.available:
+            return None
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        if not self.available:
+            return
+        for _ in range(50):  # a JVM may still be exiting after its Python parent
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    (CGROOT / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.2)
+
+
+def timed(name: str, command: list[str], env: dict[str, str]) -> dict:
+    group = CpuGroup(name)
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=group.preexec())
+    wall = time.perf_counter() - started
+    cpu = group.seconds()
+    group.close()
+    if done.returncode:
+        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    last = [line for line in done.stdout.splitlines() if line.strip()]
+    return {"wall_s": wall, "cpu_s": cpu, "said": last[-1][:160] if last else ""}
+
+
+def _environment(work: Path, remote: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TRAILBOUND_CONFIG"] = str(work / "trailbound.yaml")
+    env["PYSPARK_SUBMIT_ARGS"] = "--driver-memory 1g pyspark-shell"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "include"), env.get("PYTHONPATH", "")])
+    env.pop("SPARK_REMOTE", None)
+    if remote:
+        env["SPARK_REMOTE"] = remote
+    return env
+
+
+def one_round(work: Path, variant: str, remote: str | None) -> list[dict]:
+    archive = work / "archive"
+    env = _environment(work, remote)
+    shutil.rmtree(work / "plain", ignore_errors=True)
+    plain = timed(f"plain-{variant}", [sys.executable, "-c", PLAIN_JOB, str(archive), str(work / "plain")], env)
+    for leftover in ("dirdat", "brfiles"):
+        shutil.rmtree(work / leftover, ignore_errors=True)
+    env["TRAILBOUND_METADATA_DSN"] = fresh_database(os.environ["TRAILBOUND_METADATA_DSN"], "trailbound_bench_cli")
+    capture = timed(f"capture-{variant}", [sys.executable, "-m", "trailbound.cli", "extract", "run", "EXT1"], env)
+    return [dict(plain, variant=variant, side="plain read+sort+write"),
+            dict(capture, variant=variant, side="trailbound extract run")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", default=["cold", "connect"], choices=["cold", "connect"])
+    args = parser.parse_args()
+    if "TRAILBOUND_METADATA_DSN" not in os.environ:
+        raise SystemExit("TRAILBOUND_METADATA_DSN: not set (make bench provides it)")
+
+    work = _archive(args.records)
+    (work / "trailbound.yaml").write_text(
+        f"home: {work}\nsources:\n  BENCH:\n    altarchivelogdest: archive\n"
+        "extracts:\n  EXT1:\n    source: BENCH\n    exttrail: dirdat/lt\n"
+        "    table: [\"shop.*\", \"hr.*\"]\n    megabytes: 256\n")
+    server, remote, server_start = None, None, None
+    if "connect" in args.variants:
+        from trailbound.devtools.sparkconnect import ConnectServer
+
+        server = ConnectServer(REPO / "var" / "bench" / "capture-cli-connect")
+        shutil.rmtree(server.directory, ignore_errors=True)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "trailbound.devtools.sparkconnect", "start", str(server.directory)],
+                       check=True, env=_environment(work, None), cwd=REPO)
+        server_start = time.perf_counter() - started
+        remote = server.url
+    load_before = os.getloadavg()[0]
+    rows = []
+    try:
+        for repeat in range(1, args.repeat + 1):
+            for variant in args.variants:
+                server_cpu = _server_cpu(server) if variant == "connect" else None
+                for row in one_round(work, variant, remote if variant == "connect" else None):
+                    if server_cpu is not None:
+                        now = _server_cpu(server)
+                        row["server_cpu_s"], server_cpu = now - server_cpu, now
+                    row["repeat"] = repeat
+                    rows.append(row)
+                    print(f"{repeat} {variant:8} {row['side']:24} {row['wall_s']:7.1f} s wall "
+                          f"{row['cpu_s'] or 0:7.1f} CPU-s server {row.get('server_cpu_s') or 0:6.1f}  {row['said']}",
+                          flush=True)
+    finally:
+        if server is not None:
+            subprocess.run([sys.executable, "-m", "trailbound.devtools.sparkconnect", "stop", str(server.directory)],
+                           env=_environment(work, None), cwd=REPO)
+    report(rows, args, server_start, load_before, os.getloadavg()[0])
+    return 0
+
+
+def _server_cpu(server) -> float:
+    """CPU-seconds of the Connect server's process tree so far (its JVM and its Python
+    workers, live ones: finished workers' time is in the JVM's children's counters)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    root = int(server.pid_file.read_text())
+    for pid in [root] + _descendants(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()
+    children = [int(p) for p in out]
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def report(rows: list[dict], args, server_start: float | None, load_before: float, load_after: float) -> None:
+    lines = [f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {args.records:,} simulated records",
+             "", f"Command: `.venv/bin/python tests/bench/bench_capture_cli.py --records {args.records} "
+             f"--repeat {args.repeat} --variants {' '.join(args.variants)}`; 2 CPUs; load average "
+             f"{load_before:.1f} before, {load_after:.1f} after.", ""]
+    if server_start is not None:
+        lines += [f"The Spark Connect server started once before the runs in {server_start:.1f} s.", ""]
+    lines += ["| repeat | variant | process | wall s | CPU-s (process tree) | CPU-s (Connect server) |",
+              "|---|---|---|---:|---:|---:|"]
+    for row in rows:
+        server = f"{row['server_cpu_s']:.1f}" if row.get("server_cpu_s") is not None else ""
+        cpu = f"{row['cpu_s']:.1f}" if row["cpu_s"] is not None else "?"
+        lines.append(f"| {row['repeat']} | {row['variant']} | {row['side']} | {row['wall_s']:.1f} | {cpu} | {server} |")
+    lines += ["", "| variant | best plain wall | best capture wall | **plain / capture** |", "|---|---:|---:|---:|"]
+    for variant in args.variants:
+        plain = min(r["wall_s"] for r in rows if r["variant"] == variant and r["side"].startswith("plain"))
+        capture = min(r["wall_s"] for r in rows if r["variant"] == variant and r["side"].startswith("trailbound"))
+        lines.append(f"| {variant} | {plain:.1f} s | {capture:.1f} s | **{plain / capture:.2f}x** |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    head = "# Capture through the CLI against a plain PySpark read + sort + write\n\n"
+    old = RESULTS.read_text()[len(head):] if RESULTS.exists() else ""
+    RESULTS.write_text(head + text + ("\n" + old if old else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
