@@ -234,6 +234,10 @@ class Soak:
             # unpause` per DAG (an interpreter and Airflow's imports each).
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__PARALLELISM": "3", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # A task's calls to the API server time out after 5 s by default: the server's
+            # first execution-API answer (its lazy start) takes longer on a loaded host,
+            # and the task's first try failed for it, a retry and its 30 s delay later.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "90",
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
