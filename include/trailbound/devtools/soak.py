@@ -1,6 +1,6 @@
 """`make soak`: the live pipeline on Airflow's real scheduler for a while, with faults.
 
-    python -m trailbound.devtools.soak [--minutes 30] [--interval 60] [--rate 50]
+    python -m trailbound.devtools.soak [--minutes 30] [--interval 60] [--rate 50] [--accounts 100000]
                                        [--fault-every 150] [--faults task,scheduler,source,target]
                                        [--spark connect|submit] [--seed N] [--home var/soak]
                                        [--report docs/benchmarks/soak.md]
@@ -9,7 +9,9 @@ Two throwaway servers of its own under HOME (pg-source, wal_level=logical; pg-ta
 metadata store and the target), pgbench's tables published, and Airflow as a deployment
 runs it: `airflow api-server`, `airflow scheduler` (LocalExecutor) and `airflow triggerer`,
 the capture DAG on a schedule of INTERVAL (each run pulls the slot first), pump and
-replicat on the trail Assets. pgbench writes -R RATE the whole time. Every FAULT-EVERY
+replicat on the trail Assets. pgbench writes -R RATE the whole time (its TPC-B-like
+transaction; ACCOUNTS rows in pgbench_accounts: pgbench's own data load of 100,000 by
+default, a smaller one for a cheaper first backlog, as the test suite's soak). Every FAULT-EVERY
 seconds (jittered) one fault, in a shuffled rotation of:
 
 - task       kill -9 of a running task's process (the task runner or its spark-submit JVM)
@@ -68,6 +70,21 @@ TABLES = [("public", name) for name in ("pgbench_accounts", "pgbench_branches", 
 DAGS = ("capture_esoak", "pump_psoak", "replicat_rsoak")
 FAULTS = ("task", "scheduler", "source", "target", "spark")
 SAMPLE_SECONDS = 5
+PGBENCH_ACCOUNTS = 100_000   # pgbench -i at scale 1
+# pgbench's built-in tpcb-like transaction, its accounts drawn from the first ACCOUNTS
+# (the built-in one draws from 100,000 x scale, and scale is at least 1).
+TPCB_LIKE = """\
+\\set aid random(1, {accounts})
+\\set tid random(1, 10)
+\\set delta random(-5000, 5000)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = 1;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, 1, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+"""
 TASK_TITLE = re.compile(r"airflow worker -- [0-9a-f]{8}-[0-9a-f]{4}-")
 
 CONFIG = """\
@@ -121,6 +138,8 @@ class Soak:
     rate: int
     bound: float
     spark_mode: str = "connect"   # or "submit"
+    accounts: int = PGBENCH_ACCOUNTS
+    pgbench_script: list[str] = field(default_factory=list)   # pgbench's built-in transaction, or -f FILE
     started: float = field(default_factory=time.monotonic)
     began: float = 0.0      # seconds from the start to the pipeline's first applied change
     lag: list[tuple[float, float]] = field(default_factory=list)   # (seconds since start, lag seconds)
@@ -172,18 +191,32 @@ class Soak:
         connection.close()
         self.run(["trailbound", "add", "source", "PGSOAK"])
         self.run(["trailbound", "target", "create"])
-        self.run(["pgbench", "-i", "-I", "g", "-q", source_dsn])
+        self.load_pgbench_data(source_dsn)
         self.say("servers up, pgbench's tables loaded, source added, target created")
 
         self.run(["airflow", "db", "migrate"])
-        self.run(["airflow", "dags", "reserialize"])
-        for dag_id in DAGS:
-            self.run(["airflow", "dags", "unpause", dag_id])
+        self.run(["airflow", "dags", "reserialize"])  # unpaused as they are created (the environment)
         self.start_api_server()
         for name in ("scheduler", "triggerer"):
             self.start_airflow(name)
         self.start_pgbench()
         self.say(f"Airflow's api-server, scheduler and triggerer running; pgbench writing {self.rate} tps")
+
+    def load_pgbench_data(self, source_dsn: str) -> None:
+        """The first backlog: pgbench's own data load (COPY of 100,000 accounts), or the
+        same rows for fewer accounts, written by pgbench's transaction from a script."""
+        if self.accounts == PGBENCH_ACCOUNTS:
+            self.run(["pgbench", "-i", "-I", "g", "-q", source_dsn])
+            return
+        with psycopg2.connect(source_dsn) as connection, connection.cursor() as cur:
+            cur.execute("INSERT INTO pgbench_branches (bid, bbalance) VALUES (1, 0)")
+            cur.execute("INSERT INTO pgbench_tellers (tid, bid, tbalance) SELECT t, 1, 0 FROM generate_series(1, 10) t")
+            cur.execute("INSERT INTO pgbench_accounts (aid, bid, abalance, filler)"
+                        " SELECT a, 1, 0, '' FROM generate_series(1, %s) a", (self.accounts,))
+        connection.close()
+        script = self.home / "tpcb-like.sql"
+        script.write_text(TPCB_LIKE.format(accounts=self.accounts))
+        self.pgbench_script = ["-f", str(script)]
 
     def _environment(self) -> dict[str, str]:
         venv_bin = Path(sys.executable).parent
@@ -197,7 +230,14 @@ class Soak:
             # sqlite, waiting up to a minute for a lock: the three Airflow processes share it.
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}?timeout=60",
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            # Unpaused as `airflow dags reserialize` creates them: no `airflow dags
+            # unpause` per DAG (an interpreter and Airflow's imports each).
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__PARALLELISM": "3", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # A task's calls to the API server time out after 5 s by default: the server's
+            # first execution-API answer (its lazy start) takes longer on a loaded host,
+            # and the task's first try failed for it, a retry and its 30 s delay later.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "90",
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
@@ -233,7 +273,7 @@ class Soak:
     def start_pgbench(self) -> None:
         log = open(self.logs / "pgbench.log", "a")
         self.processes["pgbench"] = subprocess.Popen(
-            ["pgbench", "-n", "-c", "2", "-j", "1", "-R", str(self.rate), "-T", "100000",
+            ["pgbench", "-n", "-c", "2", "-j", "1", "-R", str(self.rate), "-T", "100000", *self.pgbench_script,
              self.env["TRAILBOUND_SOURCE_DSN"]], env=self.env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         self.groups.append(self.processes["pgbench"].pid)
@@ -443,7 +483,7 @@ def report(soak: Soak, path: Path, command: str, outcome: dict) -> None:
         "",
         f"pgbench -R {soak.rate} on the source for {outcome['minutes']:.1f} minutes, counted from the pipeline's "
         f"first applied change ({outcome['setup_seconds']:.0f} s of set-up before it: the servers, Airflow's "
-        "database, the first backlog with pgbench's 100,000 accounts); the capture DAG every "
+        f"database, the first backlog with pgbench's {soak.accounts:,} accounts); the capture DAG every "
         f"{soak.interval} s (pulling first), pump and replicat on the trail Assets, run by `airflow scheduler` "
         "(LocalExecutor), `airflow triggerer` and `airflow api-server`; the tasks' Spark "
         + ("on a Spark Connect server (local[*]) through the `spark_connect_default` connection. "
@@ -482,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30, help="how long pgbench writes and faults come (30); at least until each kind of fault came once")
     parser.add_argument("--interval", type=int, default=60, help="the capture DAG's schedule, seconds (60)")
     parser.add_argument("--rate", type=int, default=50, help="pgbench transactions per second (50)")
+    parser.add_argument("--accounts", type=int, default=PGBENCH_ACCOUNTS,
+                        help="rows in pgbench_accounts, the first backlog (pgbench's data load: 100,000)")
     parser.add_argument("--fault-every", type=float, default=150, help="seconds between faults, jittered (150)")
     parser.add_argument("--faults", default=",".join(FAULTS), help="the kinds of fault, in rotation")
     parser.add_argument("--bound", type=float, help="the lag bound in seconds (4 intervals + 120)")
@@ -500,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(FAULTS))
     if unknown:
         parser.error(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULTS)}")
-    soak = Soak(args.home.resolve(), args.interval, args.rate, args.bound or 4 * args.interval + 120, args.spark)
+    soak = Soak(args.home.resolve(), args.interval, args.rate, args.bound or 4 * args.interval + 120, args.spark,
+                accounts=args.accounts)
     command = shlex.join(["python", "-m", "trailbound.devtools.soak", *(argv if argv is not None else sys.argv[1:]),
                           *([] if args.seed is not None else ["--seed", str(seed)])])
     print(f"== soak: {command}")
