@@ -500,6 +500,7 @@ def test_the_cli_starts_spark_only_for_a_run_that_needs_it(tmp_path, spark, meta
     assert started.returncode != 0, "this process cannot start Spark, so the runs above mean something"
 
 
+@pytest.mark.long_running(100)
 def test_a_keyless_tables_records_are_replayed_inside_a_group_applied_as_a_set(tmp_path, spark, store, target_dsn,
                                                                                caplog):
     """A keyless table (REPLICA IDENTITY FULL) may hold identical rows: three identical

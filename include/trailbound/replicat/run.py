@@ -21,8 +21,9 @@
    (net/python.py), or by Spark past net/python.py's LIMIT such records in a chunk
    (net/spark.py). While the driver applies one chunk, the next two are prepared in a
    background thread.
-5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
-   table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
+5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the records of
+   the (unit, table)s the net change cannot apply as a set (a keyless table's updates
+   and deletes) one statement each (`apply_units`), the checkpoint table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    Groups that only insert run on `apply_parallelism` sessions at once, committed in
    trail order (apply/parallel.py).
    A group the fast path cannot apply is rolled back and replayed transaction by
