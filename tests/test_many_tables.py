@@ -5,7 +5,8 @@ schemas, every key kind (integer, composite, uuid, none with REPLICA IDENTITY FU
 random transactions touching 1 to 20 tables each. Two rounds of `archive pull`, capture,
 pump and replicat: the first without updates or deletes of the keyless tables (every
 group applied as a set: hundreds of tables staged in one chunk), the second with them
-(the groups holding them replayed transaction by transaction). After each round the
+(their records replayed one by one inside the groups, the other tables' rows applied as
+sets in the same target transactions: no group replayed whole). After each round the
 target equals the source table by table, and every table's inserts reached the trail as
 COPY lines (capture formats hundreds of tables' lines in batches)."""
 
@@ -56,7 +57,8 @@ def test_forty_tables_of_every_key_kind_under_random_transactions(source_dsn, ta
                      if found != source[name]}
         assert not different, f"round {round_}: the target differs from the source: {different}"
         if keyless_changes:
-            assert result.replayed_groups, "the keyless tables' updates and deletes are replayed"
+            assert result.replayed_records and not result.replayed_groups, \
+                "the keyless tables' updates and deletes are replayed inside groups applied as sets"
         else:
             assert not result.replayed_groups, "every group applied as a set"
 

@@ -500,37 +500,68 @@ def test_the_cli_starts_spark_only_for_a_run_that_needs_it(tmp_path, spark, meta
     assert started.returncode != 0, "this process cannot start Spark, so the runs above mean something"
 
 
-def test_identical_rows_of_a_keyless_table_are_each_kept_and_deleted_one_at_a_time(tmp_path, spark, store, target_dsn):
-    """A keyless table (REPLICA IDENTITY FULL) may hold identical rows: two identical
-    INSERTs leave two rows, a DELETE of one leaves the other, an UPDATE moves one of
-    them; a net change keyed by all columns would fold or hit them all."""
+@pytest.mark.long_running(100)
+def test_a_keyless_tables_records_are_replayed_inside_a_group_applied_as_a_set(tmp_path, spark, store, target_dsn,
+                                                                               caplog):
+    """A keyless table (REPLICA IDENTITY FULL) may hold identical rows: three identical
+    INSERTs leave three rows, a DELETE of one leaves the others, an UPDATE moves one of
+    them (a net change keyed by all columns would fold or hit them all). So a group
+    holding such changes applies its other tables as a set and replays only the keyless
+    table's records, one statement each, in the same target transaction: the replica
+    equals the source, and the group is not replayed whole. A keyless row missing on
+    the target sends its group to the whole replay, which names the record; nothing of
+    that group is applied until the row is there."""
     from capture_kit import Archive
     from trailbound.archive.writer import write_defs
 
     root = tmp_path / "archive"
     write_defs(root, [{"name": "shop.log", "key": [], "columns": [
-        {"name": "who", "type": "text", "nullable": True}, {"name": "n", "type": "integer", "nullable": True}]}])
-    archive = Archive(root)
-    row = {"who": "ann", "n": 1}
+        {"name": "who", "type": "text", "nullable": True}, {"name": "n", "type": "integer", "nullable": True}]},
+        {"name": "shop.orders", "key": ["id"], "columns": [
+            {"name": "id", "type": "integer", "nullable": False}, {"name": "note", "type": "text", "nullable": True}]}])
 
-    def change(scn, xid, op, before=None, after=None):
-        return {"scn": scn, "ts": at(scn), "xid": xid, "parent_xid": None, "op": op,
-                "table": None if op == "COMMIT" else "shop.log", "before": before, "after": after}
+    def log(scn, xid, op, before=None, after=None):
+        return {"scn": scn, "ts": at(scn), "xid": xid, "parent_xid": None, "op": op, "table": "shop.log",
+                "before": before, "after": after}
 
-    archive.segment(1, [
-        change(10, "T1", "INSERT", after=row), change(11, "T1", "INSERT", after=row),
-        change(12, "T1", "INSERT", after=row), change(13, "T1", "COMMIT"),
-        change(20, "T2", "DELETE", before=row), change(21, "T2", "COMMIT"),
-        change(30, "T3", "UPDATE", row, {"who": "ann", "n": 2}), change(31, "T3", "COMMIT")], 100)
-    # One transaction per target transaction: each is netted on its own (three identical
-    # INSERTs alone, a DELETE alone), where folding by all columns would do harm.
-    config = configuration.load(write_config(tmp_path, tables=("shop.*",), grouptransops=1))
+    ann, bob, zed = {"who": "ann", "n": 1}, {"who": "bob", "n": 3}, {"who": "zed", "n": 9}
+    Archive(root).segment(1, [
+        ins(10, "T1", 1), ins(11, "T1", 2), *(log(12 + i, "T1", "INSERT", after=ann) for i in range(3)),
+        rec(15, "T1", "COMMIT"),
+        log(20, "T2", "DELETE", before=ann), rec(21, "T2", "UPDATE", "shop.orders", key=1, note="changed"),
+        log(22, "T2", "INSERT", after=bob), rec(23, "T2", "COMMIT"),
+        log(30, "T3", "UPDATE", ann, {"who": "ann", "n": 2}), rec(31, "T3", "DELETE", "shop.orders", key=2),
+        rec(32, "T3", "COMMIT"),
+        # Its own group: a DELETE of a keyless row the target lacks, beside another table's insert.
+        ins(40, "T4", 7), log(41, "T4", "DELETE", before=zed), rec(42, "T4", "COMMIT")], 100)
+    # T1..T3 hold 10 records: one group; T4 the next.
+    config = configuration.load(write_config(tmp_path, tables=("shop.*",), grouptransops=10))
     run_extract(spark, store, config, "EXT1")
     _create_target(config, target_dsn)
-    run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+
+    def rows():
+        with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
+            cur.execute("SELECT who, n FROM shop.log ORDER BY who, n")
+            found = cur.fetchall()
+            cur.execute("SELECT id, note FROM shop.orders ORDER BY id")
+            found = (found, cur.fetchall())
+        connection.close()
+        return found
+
+    with pytest.raises(ApplyError) as refused:
+        run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (refused.value.op, refused.value.table, refused.value.xid) == ("DELETE", "shop.log", "T4")
+    assert "no row with this key" in str(refused.value)
+    assert rows() == ([("ann", 1), ("ann", 2), ("bob", 3)], [(1, "changed")]), "T1..T3 applied, nothing of T4"
+    whole = [r.getMessage() for r in caplog.records if "replayed transaction by transaction" in r.getMessage()]
+    assert len(whole) == 1, f"only T4's group was replayed whole: {whole}"
+
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
-        cur.execute("SELECT who, n FROM shop.log ORDER BY n")
-        assert cur.fetchall() == [("ann", 1), ("ann", 2)], "three inserted, one deleted, one updated"
+        cur.execute("INSERT INTO shop.log VALUES ('zed', 9)")
+    connection.close()
+    result = run_replicat(spark, store, config, "REP1", target_dsn=target_dsn)
+    assert (result.groups, result.replayed_groups, result.replayed_records) == (1, 0, 1), result.describe()
+    assert rows() == ([("ann", 1), ("ann", 2), ("bob", 3)], [(1, "changed"), (7, "n7")])
 
 
 # ---------------------------------------------------------------- a captured simulated source

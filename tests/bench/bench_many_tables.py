@@ -24,6 +24,13 @@ CPU counts them). For each of the two table counts:
   digest in SQL).
 
 Results: docs/benchmarks/many-tables.md (the run's table; earlier runs kept below).
+
+    .venv/bin/python tests/bench/bench_many_tables.py --replicat-again 300 [--profile]
+
+runs replicat alone again, in this process, on the last run's trail for that table count
+(a copy of its metadata store, a fresh target) and prints the process's CPU seconds (all
+threads), its phases and whether the target equals the source: the figure to compare
+between two versions of replicat side by side, without capture.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
+from psycopg2 import sql
 
 
 from benchdb import fresh_database
@@ -204,6 +212,52 @@ def one_run(server: LocalServer, count: int, changes: int, seed: int) -> dict:
     return {"tables": count, "transactions": transactions, "changes": pulled, "stages": stages}
 
 
+def replicat_again(count: int, profile: bool) -> None:
+    """Replicat alone on the last run's trail for `count` tables (see the docstring)."""
+    import cProfile
+    import pstats
+
+    from trailbound import cli
+
+    tag = f"t{count}"
+    server = LocalServer(SERVER, options=LOGICAL_OPTIONS, databases=()).start()
+    try:
+        admin = psycopg2.connect(server.dsn())
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("many_meta_again")))
+            cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier("many_meta_again"),
+                                                                      sql.Identifier(f"many_meta_{tag}")))
+        admin.close()
+        target = fresh_database(server.dsn(), "many_target_again")
+        os.environ.update(TRAILBOUND_METADATA_DSN=server.dsn("many_meta_again"), TRAILBOUND_TARGET_DSN=target,
+                          TRAILBOUND_CONFIG=str(REPO / "var" / "bench-many-tables-work" / tag / "trailbound.yaml"),
+                          TRAILBOUND_BENCH_SOURCE_DSN=server.dsn(f"many_source_{tag}"))
+        assert cli.main(["target", "create"]) == 0
+        assert cli.main(["alter", "replicat", "REPM", "extseqno", "1", "extrba", "0"]) == 0
+        profiler = cProfile.Profile() if profile else None
+        started, cpu = time.monotonic(), time.process_time()
+        if profiler:
+            profiler.enable()
+        assert cli.main(["replicat", "run", "REPM"]) == 0
+        if profiler:
+            profiler.disable()
+        print(f"{count} tables: replicat {time.monotonic() - started:.1f} s, process CPU "
+              f"{time.process_time() - cpu:.2f} s, load average {os.getloadavg()[0]:.1f}")
+        with psycopg2.connect(server.dsn("many_meta_again")) as connection, connection.cursor() as cur:
+            cur.execute("SELECT timings FROM trailbound.replicat_run ORDER BY run_id DESC LIMIT 1")
+            for phase, seconds in sorted(cur.fetchone()[0].items(), key=lambda item: -item[1]):
+                print(f"  {seconds:8.3f} s  {phase}")
+        connection.close()
+        names = [(schema, table) for schema, table, _ in tables_for(count)]
+        equal = table_digests(server.dsn(f"many_source_{tag}"), names) == table_digests(target, names)
+        print(f"  target equal to the source: {equal}")
+        if profiler:
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    finally:
+        server.stop()
+
+
 def report(runs: list[dict], args, loads: tuple, commit: str) -> str:
     many, few = runs
     rows = []
@@ -255,7 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=int, default=5)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--no-write", action="store_true", help="print the report, do not write the results page")
+    parser.add_argument("--replicat-again", type=int, metavar="TABLES",
+                        help="only run replicat again, in this process, on the last run's trail for TABLES tables")
+    parser.add_argument("--profile", action="store_true", help="with --replicat-again: print its cProfile")
     args = parser.parse_args(argv)
+    if args.replicat_again:
+        replicat_again(args.replicat_again, args.profile)
+        return 0
     load_before = os.getloadavg()[0]
     server = LocalServer(SERVER, options=LOGICAL_OPTIONS + " -c max_wal_size=4GB", databases=()).start()
     # The benchmark's own server: a slot an interrupted run left behind would refuse `add source`.

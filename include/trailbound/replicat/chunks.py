@@ -84,6 +84,17 @@ class Chunk:
         stop = int(self.txn_starts[txn + 1]) if txn + 1 < len(self.txn_starts) else len(self.records)
         return self.records.slice(start, stop - start).to_pylist()
 
+    def unit_records(self, unit: int, tables: set[str]) -> list[dict]:
+        """The records of one unit on `tables`, in trail order (a unit is a run of
+        consecutive records of one group's transactions)."""
+        first, stop = (int(i) for i in np.searchsorted(self.unit_of_record, [unit, unit + 1]))
+        part = self.records.slice(first, stop - first)
+        mask = pc.is_in(part.column("table"), pa.array(sorted(tables), pa.string()))
+        if (self.group_of_txn < 0).any():  # transactions skipped (at or below log_csn) are not the unit's
+            txn_of = np.searchsorted(self.txn_starts, np.arange(first, stop), side="right") - 1
+            mask = pc.and_(mask, pa.array(self.group_of_txn[txn_of] >= 0))
+        return part.filter(mask).to_pylist()
+
     def path_of(self, seqno: int) -> str:
         return next(f.path for f in self.files if f.seqno == seqno)
 

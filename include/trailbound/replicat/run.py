@@ -21,8 +21,9 @@
    (net/python.py), or by Spark past net/python.py's LIMIT such records in a chunk
    (net/spark.py). While the driver applies one chunk, the next two are prepared in a
    background thread.
-5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the checkpoint
-   table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
+5. Per group, one target transaction: TRUNCATEs, COPY + merge per table, the records of
+   the (unit, table)s the net change cannot apply as a set (a keyless table's updates
+   and deletes) one statement each (`apply_units`), the checkpoint table row, COMMIT. Then the file checkpoint and trail_reader row in the metadata store.
    Groups that only insert run on `apply_parallelism` sessions at once, committed in
    trail order (apply/parallel.py).
    A group the fast path cannot apply is rolled back and replayed transaction by
@@ -219,6 +220,7 @@ class RunResult:
     operations: int = 0
     skipped: int = 0
     replayed_groups: int = 0
+    replayed_records: int = 0   # records replayed one by one inside groups applied as a set (apply_units)
     parallel_groups: int = 0    # applied on a parallel lane (apply/parallel.py)
     collisions: int = 0
     discarded: int = 0          # operations set aside by REPERROR discard / transdiscard
@@ -246,6 +248,9 @@ class RunResult:
             text += f"; {self.parallel_groups} of them on parallel sessions"
         if self.replayed_groups:
             text += f"; {self.replayed_groups} group(s) replayed transaction by transaction"
+        if self.replayed_records:
+            text += (f"; {self.replayed_records} record(s) of keyless tables (or of key chains) replayed one by one "
+                     "inside groups applied as a set")
         if self.collisions:
             text += f"; {self.collisions} collision(s) handled (HANDLECOLLISIONS)"
         if self.discarded:
@@ -289,8 +294,13 @@ class _Run:
         self.overflow = overflow  # whether the checkpoint row's _lox rows may exist
         self.fast = FastApplier(connection, plans)
         self.replayer = Replayer(plans, replicat.handlecollisions)
+        # Records replayed inside a group applied as a set (apply_units): any record the
+        # target refuses, or a row missing, sends the whole group to the replay, where
+        # HANDLECOLLISIONS and the REPERROR rules act (and name the record).
+        self.strict_replayer = Replayer(plans, False) if replicat.handlecollisions else self.replayer
         self.reperror = reperror.Policy(replicat.reperror)
         self.pieced_discards = False  # the open long transaction's pieces set records aside
+        self._piece_replayed = 0  # records the open long transaction's pieces replayed inside apply_units
         self.windows = Windows(plans)  # a watermark load's chunks, applied at their high watermarks
         self.heartbeats = Heartbeats(state.group, state.exttrail, self.table_name.schema)
         self.images = DeferredImages()  # the trail's after images, decoded when a chunk needs them
@@ -431,7 +441,7 @@ class _Run:
             return  # a piece of a transaction applied before: the position moves past it at its last piece
         if chunk.net is not None:
             self.fast.prepare(chunk.net.tables())
-            self.fast.stage(chunk.net.staged_for(_set_based_units(chunk)))
+            self.fast.stage(chunk.net.staged_to_merge())
         if self.parallel is not None and not (self.versions is not None and self.versions.pending):
             with self.connection.cursor() as cur:
                 quiet = self.windows.quiet(cur, chunk)
@@ -465,7 +475,7 @@ class _Run:
         try:
             with self.connection.cursor() as cur:
                 self._versions_first(cur)
-                self.apply_units(cur, self.fast, chunk, group)
+                replayed = self.apply_units(cur, self.fast, chunk, group)
                 self.windows.apply(cur, chunk, group.txns)
                 copied = time.perf_counter()
                 self._write_checkpoint_row(cur, group.end, **_row_values(group))
@@ -491,6 +501,7 @@ class _Run:
         committed = time.perf_counter()
         crashpoint("after_target_commit")
         self.group_committed(group, statements=copied - began, committing=committed - copied)
+        self.result.replayed_records += replayed
 
     def apply_piece(self, chunk: Chunk) -> None:
         """A piece of a transaction longer than chunk_records, inside the transaction's one
@@ -508,11 +519,11 @@ class _Run:
                 self.fast.prepare(chunk.net.tables())
                 # Staged inside the open transaction past the first piece (a commit
                 # would commit the pieces before it).
-                self.fast.stage(chunk.net.staged, commit=piece.number == 0)
+                self.fast.stage(chunk.net.staged_to_merge(), commit=piece.number == 0)
             with self.connection.cursor() as cur:
                 cur.execute("SAVEPOINT tb_piece")
                 try:
-                    self.apply_units(cur, self.fast, chunk, group)
+                    self._piece_replayed += self.apply_units(cur, self.fast, chunk, group)
                 except (*DATA_ERRORS, Collision, NeedsReplay) as exc:
                     cur.execute("ROLLBACK TO SAVEPOINT tb_piece")
                     self.replay_piece(cur, chunk, reason=exc)
@@ -536,11 +547,13 @@ class _Run:
         except psycopg2.Error as exc:  # not the data (see apply_group)
             self._rollback_quietly()
             self.fast.rolled_back()
+            self._piece_replayed = 0
             self.flush()
             raise self.target_error(chunk, group, exc) from None
         except BaseException as exc:
             self._rollback_quietly()
             self.fast.rolled_back()
+            self._piece_replayed = 0
             if isinstance(exc, TrailboundError):
                 self.flush()  # what did commit is recorded before the run stops
             raise
@@ -549,6 +562,8 @@ class _Run:
         self.group_committed(group, statements=copied - began, committing=committed - copied)
         self.result.pieced += 1
         self.result.pieces += piece.number + 1
+        self.result.replayed_records += self._piece_replayed
+        self._piece_replayed = 0
         self.flush()
         if self.pieced_discards:
             self.pieced_discards = False
@@ -584,18 +599,45 @@ class _Run:
         self.result.collisions += stats.collisions
         self.timer.add("apply: replay transaction by transaction", time.perf_counter() - began)
 
-    def apply_units(self, cur, fast: FastApplier, chunk: Chunk, group: Group) -> None:
-        """The group's net rows, unit by unit, on `fast`'s session (inside its transaction)."""
+    def apply_units(self, cur, fast: FastApplier, chunk: Chunk, group: Group) -> int:
+        """The group's net rows, unit by unit, on `fast`'s session (inside its transaction).
+        The (unit, table)s the net change cannot apply as a set (a keyless table's updates
+        or deletes, keys changed in a chain) are replayed record by record in the same
+        unit, after its set-based rows: each such table's records keep their order, and
+        other tables never depended on their order against them (the set-based path
+        applies tables one after another already; see "Limits" in docs/replicat.md).
+        Returns the number of records replayed."""
+        replayed = 0
         for unit, truncated in group.units:
             if truncated is not None:
                 fast.truncate(cur, truncated)
                 continue
             entries = chunk.net.units.get(unit, []) if chunk.net else []
-            for entry in entries:
-                if entry.unresolved:
-                    raise NeedsReplay(f"table {entry.table} has changes the net change cannot apply as a set "
-                                      f"(a keyless table's updates or deletes, or keys changed in a chain; unit {unit})")
-            fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries])
+            fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries
+                                        if not e.unresolved])
+            if tables := {e.table for e in entries if e.unresolved}:
+                replayed += self._replay_tables(cur, chunk, unit, tables)
+        return replayed
+
+    def _replay_tables(self, cur, chunk: Chunk, unit: int, tables: set[str]) -> int:
+        """The unit's records of `tables`, one statement each, in trail order, inside the
+        group's target transaction. A record the target refuses (or whose row is missing)
+        makes the group roll back and be replayed transaction by transaction
+        (NeedsReplay), where the record is named and the REPERROR rules and
+        HANDLECOLLISIONS act: the same outcome as if the group had been replayed whole
+        from the start."""
+        began = time.perf_counter()
+        stats, records = ReplayStats(), chunk.unit_records(unit, tables)
+        for record in records:
+            try:
+                self.strict_replayer.apply(cur, record, stats)
+            except (psycopg2.Error, TrailboundError) as exc:
+                if self.connection.closed:
+                    raise
+                raise NeedsReplay(f"{record['op']} on {record['table']} at rba {record['rba']} in a group applied as "
+                                  f"a set: {' '.join(str(exc).split())}") from None
+        self.timer.add("apply: records replayed inside a set-applied group", time.perf_counter() - began)
+        return len(records)
 
     def group_checkpoint_statements(self, group: Group) -> bytes:
         """The group's checkpoint row and COMMIT, as one text for a parallel session to
@@ -852,18 +894,6 @@ def _mapped(counts: TableCounts, plans) -> TableCounts:
             mapped.tables[table] = row
             mapped.targets[table] = plan.target
     return mapped
-
-
-def _set_based_units(chunk: Chunk) -> list[int]:
-    """The units of the chunk's groups that the fast path may apply: a group with a change
-    the net change cannot apply as a set is replayed whole (apply_units), so staging its
-    rows would only cost round trips (a COPY per table: hundreds, on hundreds of tables)."""
-    units = []
-    for group in chunk.groups:
-        mine = [unit for unit, truncated in group.units if truncated is None]
-        if not any(entry.unresolved for unit in mine for entry in chunk.net.units.get(unit, ())):
-            units += mine
-    return units
 
 
 def _row_values(group: Group) -> dict:

@@ -360,39 +360,66 @@ class ReplayStats:
 
 class Replayer:
     """Applies trail records one statement each, as GoldenGate's Replicat does in its
-    normal (non-batch) mode. Used for a group the fast path could not apply."""
+    normal (non-batch) mode. Used for a group the fast path could not apply, and for the
+    records of a group's (unit, table)s the net change cannot apply as a set
+    (FastApplier's caller, run.apply_units).
+
+    Each statement is composed once per table, operation and column set, then kept as
+    text: composing quotes every identifier (a cost per column, ~1 ms for 64 columns),
+    and a replay sends the same few statements over and over. The plans do not change
+    during an instance's life (a new table version makes a new run, and a new Replayer)."""
 
     def __init__(self, plans: dict[str, TablePlan | None], handlecollisions: bool):
         self.plans, self.handlecollisions = plans, handlecollisions
+        self._texts: dict[tuple, str] = {}
 
-    def _where(self, plan: TablePlan, image: dict) -> tuple[sql.Composed, list]:
-        terms, params = [], []
+    def _text_of(self, cur, key: tuple, compose) -> str:
+        text = self._texts.get(key)
+        if text is None:
+            text = self._texts[key] = compose().as_string(cur)
+        return text
+
+    @staticmethod
+    def _where(plan: TablePlan) -> sql.Composed:
+        terms = []
         for k in plan.key:
             op = "IS NOT DISTINCT FROM" if plan.nullable(k) else "="
             terms.append(sql.SQL("{} {} CAST(%s AS {})").format(sql.Identifier(k), sql.SQL(op), sql.SQL(plan.type_of(k))))
-            params.append(_text(image.get(k)))
         condition = sql.SQL(" AND ").join(terms)
         if plan.keyless:  # identical rows may repeat: touch exactly one
             condition = sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(plan.ident, condition)
-        return condition, params
+        return condition
 
-    def _assignments(self, plan: TablePlan, image: dict) -> tuple[list[sql.Composed], list]:
-        unknown = [c for c in image if c not in plan.columns]
-        if unknown:
-            raise TrailboundError(f"column(s) {unknown} are not in the definition of {plan.source}")
-        columns = [c for c in plan.columns if c in image]
-        return ([sql.SQL("{} = CAST(%s AS {})").format(sql.Identifier(c), sql.SQL(plan.type_of(c))) for c in columns],
-                [_text(image[c]) for c in columns])
+    @staticmethod
+    def _key_params(plan: TablePlan, image: dict) -> list:
+        return [_text(image.get(k)) for k in plan.key]
+
+    @staticmethod
+    def _columns(plan: TablePlan, image: dict) -> tuple[str, ...]:
+        """The image's columns in the table's order; an image with a column the table
+        lacks is refused."""
+        columns = tuple(c for c in plan.columns if c in image)
+        if len(columns) != len(image):
+            raise TrailboundError(f"column(s) {[c for c in image if c not in plan.columns]} are not in the "
+                                  f"definition of {plan.source}")
+        return columns
+
+    def _update(self, cur, plan: TablePlan, columns: tuple[str, ...], after: dict, before: dict) -> None:
+        def compose() -> sql.Composed:
+            sets = [sql.SQL("{} = CAST(%s AS {})").format(sql.Identifier(c), sql.SQL(plan.type_of(c)))
+                    for c in columns]
+            return sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), self._where(plan))
+        cur.execute(self._text_of(cur, (plan.source, "UPDATE", columns), compose),
+                    [_text(after[c]) for c in columns] + self._key_params(plan, before))
 
     def _insert(self, cur, plan: TablePlan, after: dict) -> None:
-        columns = [c for c in plan.columns if c in after]
-        if len(columns) != len(after):
-            raise TrailboundError(f"column(s) {[c for c in after if c not in plan.columns]} are not in the "
-                                  f"definition of {plan.source}")
-        cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-            plan.ident, sql.SQL(", ").join(map(sql.Identifier, columns)),
-            sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(plan.type_of(c))) for c in columns)),
-            [_text(after[c]) for c in columns])
+        columns = self._columns(plan, after)
+
+        def compose() -> sql.Composed:
+            return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                plan.ident, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(plan.type_of(c))) for c in columns))
+        cur.execute(self._text_of(cur, (plan.source, "INSERT", columns), compose), [_text(after[c]) for c in columns])
 
     def apply(self, cur, record: dict, stats: ReplayStats) -> None:
         """Apply one trail record (a dict as trail.iter_records gives it). Raises
@@ -416,24 +443,20 @@ class Replayer:
                 self._insert(cur, plan, after)
             except psycopg2.errors.UniqueViolation:
                 cur.execute("ROLLBACK TO SAVEPOINT tb_record")
-                sets, params = self._assignments(plan, after)
-                where, keys = self._where(plan, after)
-                cur.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), where),
-                            params + keys)
+                self._update(cur, plan, self._columns(plan, after), after, after)
                 stats.collisions += 1
                 log.warning("HANDLECOLLISIONS: %s key %s exists: insert applied as an update", plan.target,
                             _key_of(plan, after))
             cur.execute("RELEASE SAVEPOINT tb_record")
             return
-        where, keys = self._where(plan, before)
         if op == "UPDATE":
-            sets, params = self._assignments(plan, after)
-            if not sets:
+            columns = self._columns(plan, after)
+            if not columns:
                 return
-            cur.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), where),
-                        params + keys)
+            self._update(cur, plan, columns, after, before)
         elif op == "DELETE":
-            cur.execute(sql.SQL("DELETE FROM {} WHERE {}").format(plan.ident, where), keys)
+            cur.execute(self._text_of(cur, (plan.source, "DELETE"), lambda: sql.SQL("DELETE FROM {} WHERE {}").format(
+                plan.ident, self._where(plan))), self._key_params(plan, before))
         else:
             raise TrailboundError(f"unknown operation {op!r}")
         if cur.rowcount == 0:

@@ -47,8 +47,34 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
     dml &= np.asarray(pc.is_in(records.column("table"), pa.array(mapped_names, pa.string()))
                       .to_numpy(zero_copy_only=False), dtype=bool)
     chosen = np.flatnonzero(dml)
-    if not len(chosen):
-        return NetRows([])
+    replay = _keyless_to_replay(chosen, chunk, plans)
+    if replay:
+        # Their records are replayed one statement each (run.apply_units): netting them
+        # would be wasted, at a fixed cost per table (hundreds of keyless tables).
+        pairs = pa.array([f"{unit}\t{table}" for unit, table in replay], pa.string())
+        of_chosen = pc.binary_join_element_wise(pa.array(chunk.unit_of_record[chosen].astype(np.int64)).cast(pa.string()),
+                                                records.column("table").take(pa.array(chosen)), "\t")
+        chosen = chosen[~np.asarray(pc.is_in(of_chosen, pairs).to_numpy(zero_copy_only=False), dtype=bool)]
+    if timer:
+        timer.add("prepare: net change (Arrow)", time.perf_counter() - began)
+    rows = _net_rows(start_spark, chunk, chosen, plans, mapped_names, workdir, timer) if len(chosen) else NetRows([])
+    began = time.perf_counter()
+    for unit, table in replay:
+        entries = rows.units.setdefault(unit, [])
+        entry = next((e for e in entries if e.table == table), None)
+        if entry is None:
+            entries.append(entry := UnitTable(table))
+        entry.unresolved = True
+    if timer:
+        timer.add("prepare: index the COPY lines", time.perf_counter() - began)
+    return rows
+
+
+def _net_rows(start_spark, chunk: Chunk, chosen: np.ndarray, plans: dict[str, tgt.TablePlan | None],
+              mapped_names: list[str], workdir: Path, timer) -> NetRows:
+    """The net rows of the `chosen` records: Arrow first, the rest by the backend."""
+    began = time.perf_counter()
+    records, n = chunk.light, len(chunk.light)
     mapped = {name: plans[name] for name in mapped_names}
 
     def chosen_records(columns: pa.Table) -> pa.Table:
@@ -82,12 +108,6 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
             timer.add(backend.phase, time.perf_counter() - began)
     began = time.perf_counter()
     rows = NetRows(parts)
-    for unit, table in _keyless_to_replay(chosen, chunk, plans):
-        entries = rows.units.setdefault(unit, [])
-        entry = next((e for e in entries if e.table == table), None)
-        if entry is None:
-            entries.append(entry := UnitTable(table))
-        entry.unresolved = True
     if timer:
         timer.add("prepare: index the COPY lines", time.perf_counter() - began)
     return rows

@@ -87,9 +87,13 @@ class NetRows:
             else:
                 entry.inserts = (part, a, b)
 
-    def staged_for(self, units) -> dict[str, memoryview]:
-        """`staged` of the tables with staged lines in `units` only."""
-        tables = {entry.table for unit in units for entry in self.units.get(unit, ()) if entry.staged is not None}
+    def staged_to_merge(self) -> dict[str, memoryview]:
+        """`staged` of the tables with staged lines the set-based merge reads: a (unit,
+        table) left to replay record by record is applied from its records, so staging
+        its lines would only cost round trips (a COPY per table: hundreds, on hundreds
+        of keyless tables)."""
+        tables = {entry.table for entries in self.units.values() for entry in entries
+                  if entry.staged is not None and not entry.unresolved}
         return {name: payload for name, payload in self.staged.items() if name in tables}
 
     def tables(self) -> set[str]:
