@@ -47,10 +47,22 @@ class NetRows:
             if not len(table):
                 continue
             staged = table.filter(pc.equal(table.column("step"), STEP["D"]))
-            for name in pc.unique(staged.column("table")).to_pylist():
-                rows = staged.filter(pc.equal(staged.column("table"), name))
-                led = pc.binary_join_element_wise(rows.column("unit").cast(pa.string()), rows.column("line"), "\t")
-                pieces.setdefault(name, []).append(copytext.joined(led.combine_chunks()))
+            if not len(staged):
+                continue
+            # One pass for every table: a stable sort by table keeps each table's lines in
+            # their order, and each table is then one slice (a filter per table cost
+            # hundreds of passes over the chunk with hundreds of tables).
+            names = staged.column("table").combine_chunks().dictionary_encode()
+            codes = names.indices.to_numpy(zero_copy_only=False)
+            order = np.argsort(codes, kind="stable")
+            codes = codes[order]
+            staged = staged.take(pa.array(order))
+            led = pc.binary_join_element_wise(staged.column("unit").cast(pa.string()), staged.column("line"),
+                                              "\t").combine_chunks()
+            dictionary = names.dictionary.to_pylist()
+            cuts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1], True]).tolist()
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                pieces.setdefault(dictionary[codes[a]], []).append(copytext.joined(led.slice(a, b - a)))
         self.staged = {name: memoryview(b"".join(buffers) if len(buffers) > 1 else buffers[0])
                        for name, buffers in pieces.items()}
 
