@@ -35,7 +35,7 @@ What is measured for each step: its wall time; the CPU-seconds of its process tr
 cpuacct cgroup per step, as /work/tools/cgtime counts: JVMs and Python workers included),
 of the Connect server's tree during the step, and of the source server (its walsenders:
 the decoding) during the step; the target side's sessions (replicat's, and the native
-apply worker) from /proc; peak RSS (VmHWM) of each process, sampled every 0.25 s. Both
+apply worker) from /proc; peak RSS (VmHWM) of each process, sampled every 0.5 s. Both
 replicas are then checked equal to the source, table by table (order-independent
 digests). The report goes to docs/benchmarks/live-postgres.md (the hand-kept history from
 "## Earlier runs" on stays) and every figure to var/bench-live-results/*.json, which
@@ -188,7 +188,7 @@ class Watch:
     named to it. A process's last sample stands for its end: up to one interval of its
     CPU may be missed (the cgroups' figures are exact; these are per process)."""
 
-    def __init__(self, interval: float = 0.25):
+    def __init__(self, interval: float = 0.5):
         self.interval = interval
         self.me = os.getpid()
         self.server: int | None = None
@@ -400,6 +400,12 @@ replicats:
     return path
 
 
+def keep(figures: dict, path: Path) -> None:
+    """The figures so far, on disk (a run stopped later still leaves them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=1))
+
+
 def postmaster(server: LocalServer) -> int:
     return int((server.data / "postmaster.pid").read_text().split()[0])
 
@@ -419,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="start a Spark Connect server once and run every stage as its client")
     parser.add_argument("--debezium", action="store_true",
                         help="also read the backlog with Debezium's PostgreSQL connector (the pull's peer)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the plain Spark job over the archive (the floor under any Spark capture)")
     parser.add_argument("--plot", nargs="+", type=Path, metavar="RUN.json",
                         help="draw docs/benchmarks/live-postgres.png from runs' figures, and stop")
     args = parser.parse_args(argv)
@@ -475,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                      "mode": "overlap" if args.overlap else "separate" if args.separate else "pull-in-capture",
                      "remote": args.remote, "load": {"before": load_before[0]}, "wal_mb": wal / 2**20,
                      "written": written}
+    saved = FIGURES / f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{figures['mode']}{'-remote' if args.remote else ''}.json"
     connect = None
     if args.remote:
         connect = ConnectServer(CONNECT)
@@ -528,11 +537,18 @@ def main(argv: list[str] | None = None) -> int:
     loops = {stage: {"cpu": watch.cpu(stage), "peak_mb": watch.peak_mb(stage)}
              for stage in ("pull", "capture", "pump", "replicat", "replicate (supervisor)") if watch.peak_mb(stage)}
 
-    segments = [str(p) for p in sorted((WORK / "archive").glob("*.parquet"))]
-    floor = meters.step("plain Spark job", [sys.executable, "-c", SPARK_FLOOR, *segments, str(WORK / "spark-floor")],
-                        env)
-    floor_parts = last_json(floor.output)
-    print(f"plain Spark job over the archive: {floor.wall:.1f} s", flush=True)
+    figures.update({"changes": changes, "pipeline": pipeline, "busy": busy, "loops": loops, "sessions": sessions,
+                    "steps": [{**{k: v for k, v in asdict(s).items() if k != "output"},
+                               "peak_mb": watch.peak_mb(s.name) or watch.peak_mb("replicate (supervisor)")}
+                              for s in steps]})
+    keep(figures, saved)
+    if not args.no_floor:
+        segments = [str(p) for p in sorted((WORK / "archive").glob("*.parquet"))]
+        floor = meters.step("plain Spark job", [sys.executable, "-c", SPARK_FLOOR, *segments,
+                                                str(WORK / "spark-floor")], env)
+        figures["floor"] = {"wall": floor.wall, "cpu": floor.cpu, "server_cpu": floor.server_cpu,
+                            **last_json(floor.output)}
+        print(f"plain Spark job over the archive: {floor.wall:.1f} s", flush=True)
     source_digests = table_digests(source, TABLES)
     assert table_digests(target, TABLES) == source_digests, "trailbound's replica differs from the source"
 
@@ -554,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "WHERE subname = 'native_sub'")
     figures["native"] = {"wall": native_time, "apply_cpu": cpu_seconds(apply_worker),
                          "source_cpu": source_group.seconds() - source0}
+    print(f"native: {native_time:.1f} s, {figures['native']}", flush=True)
+    keep(figures, saved)
     assert table_digests(native, TABLES) == source_digests, "the native replica differs from the source"
     execute(native, "ALTER SUBSCRIPTION native_sub DISABLE",
             "ALTER SUBSCRIPTION native_sub SET (slot_name = NONE)", "DROP SUBSCRIPTION native_sub")
@@ -566,8 +584,10 @@ def main(argv: list[str] | None = None) -> int:
                                         "--tables", ",".join(f"{s}.{t}" for s, t in TABLES),
                                         "--expect", str(changes), "--out", str(WORK / "debezium")],
                            {**os.environ, "JAVA_HOME": str(JAVA_17)})
-        figures["debezium"] = {**asdict(step), **last_json(step.output), "peak_mb": watch.peak_mb("Debezium runner")}
+        figures["debezium"] = {**asdict(step), **json.loads((WORK / "debezium" / "report.json").read_text()),
+                               "peak_mb": watch.peak_mb("Debezium runner")}
         figures["debezium"].pop("output")
+        keep(figures, saved)
         print(f"debezium: {step.wall:.1f} s, {step.cpu:.1f} CPU-s (+ source {step.source_cpu:.1f})", flush=True)
         execute(source, "SELECT pg_drop_replication_slot('debezium_slot')")
     run([*tb, "delete", "source", "PGB"], env)
@@ -582,16 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     source_group.close()
     figures["load"]["after"] = os.getloadavg()[0]
 
-    figures.update({
-        "changes": changes, "history": history, "pipeline": pipeline, "busy": busy, "loops": loops,
-        "sessions": sessions,
-        "steps": [{**{k: v for k, v in asdict(s).items() if k != "output"},
-                   "peak_mb": watch.peak_mb(s.name) or watch.peak_mb("replicate (supervisor)")} for s in steps],
-        "floor": {"wall": floor.wall, "cpu": floor.cpu, "server_cpu": floor.server_cpu, **floor_parts},
-    })
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    saved = FIGURES / f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{figures['mode']}{'-remote' if args.remote else ''}.json"
-    saved.write_text(json.dumps(figures, indent=1))
+    keep(figures, saved)
     mode = " --overlap" if args.overlap else " --separate" if args.separate else ""
     command = (f".venv/bin/python tests/bench/bench_live_postgres.py --scale {args.scale} --transactions "
                f"{args.transactions} --segment-records {args.segment_records}{mode}"
@@ -641,6 +652,9 @@ def report(f: dict, command: str, saved: Path) -> str:
                    f"{c['jvm_peak_mb']:,.0f} MB, its Python workers' together at most {c['workers_peak_mb']:,.0f} MB; "
                    f"{c['cpu']:.1f} CPU-s in all over the run (start, pipeline, the plain Spark job).\n")
     goal = "met" if ratio <= 2.5 else "not met"
+    floor = (f"| a plain Spark job over the archived backlog (read, sort by scn, write Parquet; no capture logic) | "
+             f"{f['floor']['wall']:.1f} | {f['floor']['cpu']:.1f} | {f['floor']['server_cpu']:.1f} | | |\n"
+             if "floor" in f else "")
     text = f"""# Live PostgreSQL source: the pipeline beside native logical replication{' and Debezium' if 'debezium' in f else ''}
 
 Command: `{command}` (TRAILBOUND_METADATA_DSN / TRAILBOUND_TARGET_DSN set), {f['when']}, on {f['host']}:
@@ -658,8 +672,7 @@ made before it.
 {chr(10).join(rows)}
 | **trailbound pipeline, pull to converged replica** | **{f['pipeline']:.1f}** | {total_cpu:.1f} in all, with the target and metadata sessions {sessions} | | | |
 | **native logical replication (CREATE SUBSCRIPTION) to converged replica** | **{native['wall']:.1f}** | {native_cpu:.1f} in all: the apply worker {native['apply_cpu']:.1f} + the source server {native['source_cpu']:.1f} | | | |
-| a plain Spark job over the archived backlog (read, sort by scn, write Parquet; no capture logic) | {f['floor']['wall']:.1f} | {f['floor']['cpu']:.1f} | {f['floor']['server_cpu']:.1f} | | |
-
+{floor}
 Pipeline / native: **{ratio:.1f}x** the wall time (goal: at most 2.5x: {goal}), **{total_cpu / native_cpu:.1f}x** the
 CPU-seconds. On {cpus} CPUs the pipeline's {total_cpu:.1f} CPU-s cannot take less than {total_cpu / cpus:.1f} s of
 wall time even with every stage overlapped and nothing else running: {total_cpu / cpus / native['wall']:.1f}x the native time.

@@ -11,7 +11,7 @@ publication the bench made before the backlog, as it made the pull's; its change
 (JSON, without the schema beside each one) are appended to DIR/changes.jsonl, one line
 each, and the file is fsynced once per batch before Debezium may acknowledge the batch:
 what the pull does with its segments. It stops once it has seen N change events (the
-backlog's row changes) and prints one JSON line: the events, the seconds from the process's
+backlog's row changes) and writes DIR/report.json (and prints it): the events, the seconds from the process's
 start (the JVM's start included, as the pull's process time includes Python's) and from
 the first event to the last.
 """
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         def handleJsonBatch(self, records):
             # Called on Debezium's thread; the batch is acknowledged after this returns,
             # so it is durable first.
-            lines = [str(record.value()) for record in records if record.value() is not None]
+            values = [record.value() for record in records]  # one call into the JVM per event
+            lines = [str(value) for value in values if value is not None]
             if lines:
                 changes.write(("\n".join(lines) + "\n").encode())
                 changes.flush()
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"events": progress["events"], "seconds": time.monotonic() - STARTED,
               "streaming": (progress["last"] - progress["first"]) if progress["first"] else 0.0,
               "until_first": (progress["first"] - STARTED) if progress["first"] else None}
+    # Also to a file: Debezium's console logger shares stdout and may cut into the line.
+    (args.out / "report.json").write_text(json.dumps(report))
     print(json.dumps(report), flush=True)
     if not seen_all:
         why = repr(failure[0]) if failure else ("timed out" if not finished else "the engine stopped")
