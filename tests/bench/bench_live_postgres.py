@@ -45,6 +45,7 @@ digests). The report goes to docs/benchmarks/live-postgres.md (the hand-kept his
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -135,6 +136,7 @@ class CpuGroup:
         self.parent = CPUACCT / own.strip().lstrip("/")
         self.path = self.parent / f"bench-live-{os.getpid()}-{name}"
         self.path.mkdir(exist_ok=True)
+        atexit.register(self.close)  # a failed run leaves no group behind (nor cgtime's unremovable)
 
     def seconds(self) -> float:
         return int((self.path / "cpuacct.usage").read_text()) / 1e9
@@ -161,6 +163,8 @@ class CpuGroup:
             (self.parent / "cgroup.procs").write_text(str(os.getpid()))
 
     def close(self) -> None:
+        if not self.path.exists():
+            return
         for pid in (self.path / "cgroup.procs").read_text().split():
             try:
                 (self.parent / "cgroup.procs").write_text(pid)
@@ -320,8 +324,12 @@ class Meters:
         group.close()
         if code != 0:
             raise SystemExit(f"{' '.join(argv)} failed ({code}):\n{''.join(lines)[-3000:]}")
-        return Step(name, wall, cpu, (self.server.seconds() - server0) if self.server else 0.0,
+        step = Step(name, wall, cpu, (self.server.seconds() - server0) if self.server else 0.0,
                     self.source.seconds() - source0, "".join(lines))
+        print(f"{name}: {wall:.1f} s, {cpu:.1f} CPU-s (+ Connect server {step.server_cpu:.1f}, source server "
+              f"{step.source_cpu:.1f}), peak RSS {self.watch.peak_mb(name):.0f} MB; load {os.getloadavg()[0]:.1f}",
+              flush=True)
+        return step
 
 # The least any Spark capture of the backlog costs: a process that starts a session (a JVM,
 # or a Connect client's when SPARK_REMOTE names a server), reads the archived segments,
@@ -530,9 +538,6 @@ def main(argv: list[str] | None = None) -> int:
     sessions = {"target sessions": watch.cpu("target sessions"), "metadata sessions": watch.cpu("metadata sessions")}
     figures["load"]["after pipeline"] = os.getloadavg()[0]
     changes = int(re.search(r"pulled (\d+) change", "".join(s.output for s in steps)).group(1))
-    for step in steps:
-        print(f"{step.name}: {step.wall:.1f} s, {step.cpu:.1f} CPU-s (+ server {step.server_cpu:.1f}, source "
-              f"{step.source_cpu:.1f})", flush=True)
     print(f"pipeline: {pipeline:.1f} s; busy {busy}", flush=True)
     loops = {stage: {"cpu": watch.cpu(stage), "peak_mb": watch.peak_mb(stage)}
              for stage in ("pull", "capture", "pump", "replicat", "replicate (supervisor)") if watch.peak_mb(stage)}
