@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {"when": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "host": platform.node(),
                      "cpus": os.cpu_count(), "scale": args.scale, "transactions": args.transactions,
                      "mode": "overlap" if args.overlap else "separate" if args.separate else "pull-in-capture",
-                     "remote": args.remote, "load": {"before": load_before[0]}, "wal_mb": wal / 2**20,
+                     "remote": args.remote, "load": {"before": load_before[0]}, "wal_mb": float(wal) / 2**20,
                      "written": written}
     saved = FIGURES / f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{figures['mode']}{'-remote' if args.remote else ''}.json"
     connect = None
