@@ -655,7 +655,7 @@ def report(f: dict, command: str, saved: Path) -> str:
         connect = (f"\nSpark Connect server (a service, started once before the pipeline, not in its time): "
                    f"up after {start['wall']:.1f} s, {start['cpu']:.1f} CPU-s to start; its JVM's peak RSS "
                    f"{c['jvm_peak_mb']:,.0f} MB, its Python workers' together at most {c['workers_peak_mb']:,.0f} MB; "
-                   f"{c['cpu']:.1f} CPU-s in all over the run (start, pipeline, the plain Spark job).\n")
+                   f"{c['cpu']:.1f} CPU-s in all over the run (its start, the pipeline and what ran after it).\n")
     goal = "met" if ratio <= 2.5 else "not met"
     floor = (f"| a plain Spark job over the archived backlog (read, sort by scn, write Parquet; no capture logic) | "
              f"{f['floor']['wall']:.1f} | {f['floor']['cpu']:.1f} | {f['floor']['server_cpu']:.1f} | | |\n"
@@ -725,13 +725,14 @@ def plot(runs: list[dict], path: Path) -> None:
             bars.append((f"trailbound: {how}", [("replicate", f["pipeline"])]))
         else:
             bars.append((f"trailbound: {how}", [(s["name"].split()[-1], s["wall"]) for s in f["steps"]]))
-        bars.append((f"native logical replication ({f['when'][11:16]})", [("native", f["native"]["wall"])]))
         cpu.append((f"trailbound: {how}", [
             ("processes", sum(s["cpu"] for s in f["steps"])), ("Connect server", sum(s["server_cpu"] for s in f["steps"])),
             ("source server", sum(s["source_cpu"] for s in f["steps"])),
             ("target and metadata sessions", sum(f["sessions"].values()))]))
-        cpu.append((f"native logical replication ({f['when'][11:16]})", [
-            ("apply worker", f["native"]["apply_cpu"]), ("source server", f["native"]["source_cpu"])]))
+        if "native" in f:  # (a run stopped after its pipeline has none)
+            bars.append((f"native logical replication ({f['when'][11:16]})", [("native", f["native"]["wall"])]))
+            cpu.append((f"native logical replication ({f['when'][11:16]})", [
+                ("apply worker", f["native"]["apply_cpu"]), ("source server", f["native"]["source_cpu"])]))
         if f["remote"]:
             bars.append(("Spark Connect server's start (once, a service)", [("connect", f["connect start"]["wall"])]))
         if "debezium" in f:
@@ -743,7 +744,7 @@ def plot(runs: list[dict], path: Path) -> None:
                         [("processes", pull_cpu or 0.0), ("source server", pull_source or 0.0)]))
             cpu.append(("Debezium PostgreSQL connector (read only)",
                         [("processes", d["cpu"]), ("source server", d["source_cpu"])]))
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 0.5 * max(len(bars), len(cpu)) + 2), dpi=100)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(16, 0.5 * max(len(bars), len(cpu)) + 2), dpi=100)
     for axes, rows, unit in ((left, bars, "seconds (wall)"), (right, cpu, "CPU-seconds")):
         labelled = set()
         for y, (label, parts) in enumerate(reversed(rows)):
@@ -758,7 +759,6 @@ def plot(runs: list[dict], path: Path) -> None:
         axes.set_xlabel(unit)
         axes.legend(loc="lower right", fontsize=8)
         axes.grid(alpha=0.3, axis="x")
-    right.set_yticklabels([])
     first = runs[0]
     figure.suptitle(f"{first['changes']:,} row changes (pgbench), {first['cpus']} CPUs, {', '.join(sorted({f['when'][:10] for f in runs}))}",
                     fontsize=10)
