@@ -611,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = " --overlap" if args.overlap else " --separate" if args.separate else ""
     command = (f".venv/bin/python tests/bench/bench_live_postgres.py --scale {args.scale} --transactions "
                f"{args.transactions} --segment-records {args.segment_records}{mode}"
-               f"{' --remote' if args.remote else ''}{' --debezium' if args.debezium else ''}")
+               f"{' --remote' if args.remote else ''}{' --debezium' if args.debezium else ''}"
+               f"{' --no-floor' if args.no_floor else ''}")
     text = report(figures, command, saved)
     write_report(RESULTS, text)
     print(text)
