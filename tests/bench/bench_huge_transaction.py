@@ -389,6 +389,95 @@ def bench_trailwrite(rows: int, engines: dict[str, Path], work: Path) -> list[di
     return results
 
 
+# ---------------------------------------------------------------- live: ONE UPDATE transaction of N rows on PostgreSQL
+
+LIVE_TABLE = ("public", "huge_orders")
+
+
+def bench_live(rows: int, include: Path, work: Path, servers) -> list[dict]:
+    """A throwaway source server (wal_level=logical); N rows of public.huge_orders loaded
+    there and on the target before the slot exists (untimed), then ONE transaction of N
+    UPDATEs; `archive pull` (pgoutput, streaming on: the transaction is streamed in
+    progress, past logical_decoding_work_mem), `extract run`, `pump run`, `replicat run`,
+    each a measured child process with the default settings; the target must then equal
+    the source."""
+    from trailbound.devtools.livedemo import LOGICAL_OPTIONS, recreate_database, table_digests
+    from trailbound.devtools.localpg import LocalServer
+
+    home = work / f"live-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    server = LocalServer(work / "source-pg", options=LOGICAL_OPTIONS + " -c max_wal_size=8GB",
+                         databases=("bench_huge_source",)).start()
+    recreate_database(server.dsn(), "bench_huge_source")
+    source = server.dsn("bench_huge_source")
+    meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_live_meta_{rows}_{work.name}".replace("-", "_"))
+    target_dsn = fresh_database(servers[1], f"trailbound_bench_huge_live_target_{rows}_{work.name}".replace("-", "_"))
+    config = home / "trailbound.yaml"
+    config.write_text(f"""home: {home}
+sources:
+  LIVE:
+    altarchivelogdest: archive
+    postgres: {{dsn_env: TRAILBOUND_BENCH_SOURCE_DSN, conn_id: bench_source, slot: trailbound_huge,
+               publication: trailbound_huge, table: ["public.huge_orders"]}}
+extracts:
+  EXTH: {{source: LIVE, exttrail: dirdat/lt, table: ["public.huge_orders"]}}
+pumps:
+  PMPH: {{exttrail: dirdat/lt, rmttrail: remote/rt}}
+replicats:
+  REPH: {{exttrail: remote/rt, source: LIVE}}
+""")
+    env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
+           "TRAILBOUND_TARGET_DSN": target_dsn, "TRAILBOUND_BENCH_SOURCE_DSN": source,
+           "TRAILBOUND_CONFIG": str(config), "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
+    tb = [sys.executable, "-m", "trailbound.cli", "--config", str(config)]
+
+    def execute(dsn: str, *statements) -> None:
+        connection = psycopg2.connect(dsn)
+        connection.autocommit = True  # each statement its own transaction (VACUUM needs it)
+        with connection.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+        connection.close()
+
+    began = time.perf_counter()
+    execute(source, "CREATE TABLE public.huge_orders (id bigint PRIMARY KEY, customer_id int NOT NULL, "
+                    "status text NOT NULL, total numeric(12,2) NOT NULL, note text)",
+            sql.SQL("INSERT INTO public.huge_orders SELECT i, i % 1000, 'new', 12.50, 'order ' || i "
+                    "FROM generate_series(1, {}) i").format(sql.Literal(rows)), "VACUUM ANALYZE public.huge_orders")
+    for words in (["add", "source", "LIVE"], ["target", "create", "--source", "LIVE"]):
+        subprocess.run([*tb, *words], env=env, check=True, capture_output=True, text=True)
+    # The target starts as the source was when the slot was made (untimed).
+    dump = home / "huge_orders.copy"
+    with psycopg2.connect(source) as connection, connection.cursor() as cur, dump.open("wb") as out:
+        cur.copy_expert("COPY public.huge_orders TO STDOUT", out)
+    connection.close()
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur, dump.open("rb") as data:
+        cur.copy_expert("COPY public.huge_orders FROM STDIN", data)
+        cur.execute("ANALYZE public.huge_orders")
+    connection.close()
+    dump.unlink()
+    started = time.perf_counter()
+    execute(source, "UPDATE public.huge_orders SET status = 'shipped', total = total + 1")  # ONE transaction
+    print(f"live {rows:,}: loaded in {started - began:.1f} s, one UPDATE transaction of {rows:,} rows in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
+    results = []
+    for stage, words in (("pull", ["archive", "pull", "LIVE"]), ("capture", ["extract", "run", "EXTH"]),
+                         ("pump", ["pump", "run", "PMPH"]), ("replicat", ["replicat", "run", "REPH"])):
+        seconds, cpu, peaks, tree, out, _ = run_measured([*tb, *words], env)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"  live {stage}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks {({k: mb(v) for k, v in peaks.items()})}, "
+              f"tree {mb(tree)}\n    {line}", flush=True)
+        results.append({"stage": f"live {stage}", "rows": rows, "engine": "live", "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks, "tree": tree, "said": line})
+    table = [LIVE_TABLE]
+    expected, got = table_digests(source, table), table_digests(target_dsn, table)
+    print(f"  source {expected}, target {got}", flush=True)
+    assert got == expected, f"the target differs from the source: {got} against {expected}"
+    server.stop()
+    return results
+
+
 # ---------------------------------------------------------------- the report
 
 def report(results: list[dict], command: str) -> str:
@@ -420,7 +509,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
     parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
-    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite"])
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite", "live"])
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
                         help="the runs' directory (one per concurrent run of this script)")
@@ -444,6 +533,8 @@ def main() -> int:
             results += bench_capture(rows, engines, work, servers)
         if "trailwrite" in args.stages:
             results += bench_trailwrite(rows, engines, work)
+        if "live" in args.stages:
+            results += bench_live(rows, next(iter(engines.values())), work, servers)
     command = "PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py " + " ".join(sys.argv[1:])
     text = report(results, command)
     print(text)
