@@ -28,6 +28,17 @@ Trail write (`--stages trailwrite`): what a capture task runs, alone in a proces
 own: trail.format.write_planned_files over 10,000-record batches of ONE transaction of N
 INSERTs, with capture's copy lines and table versions; its peak RSS and CPU.
 
+Bounded Recovery (`--stages br`): ONE transaction of N INSERTs over 10 hours of log time,
+captured by one group in two runs (the first to hour 5 persists it at the default 4-hour
+BR boundary; the second restores it and writes it) and by another in one run; each run's
+peaks and phases (capture.run.Stopwatch); the two trails must be equal, records and digest.
+
+Live (`--stages live`): a throwaway PostgreSQL (wal_level=logical, under the --work
+directory); N rows of public.huge_orders loaded on it and on the target before the slot
+exists, then ONE transaction of N UPDATEs; `archive pull` (pgoutput, streaming on),
+`extract run`, `pump run`, `replicat run` with the default settings, each measured; the
+target must equal the source.
+
 CPU is the user + system time of every process of the tree, as last sampled.
 """
 
@@ -271,9 +282,11 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
 
 # ---------------------------------------------------------------- capture: one INSERT transaction of N rows
 
-def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -> None:
+def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000,
+                         tick: timedelta = timedelta(microseconds=1)) -> None:
     """Archive segments of thread 1 holding ONE transaction of `rows` INSERTs into
-    shop.orders (spanning the segments, `per_segment` records each) and its COMMIT."""
+    shop.orders (spanning the segments, `per_segment` records each) and its COMMIT, a
+    record every `tick` of log time."""
     from trailbound.archive.writer import to_micros, write_segment_columns
     from trailbound.positions import Scn
 
@@ -285,7 +298,7 @@ def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -
         for i in ids:
             commit = i == rows + 1
             columns["scn"].append(scn)
-            columns["ts"].append(to_micros(T0 + timedelta(microseconds=scn)))
+            columns["ts"].append(to_micros(T0 + scn * tick))
             columns["xid"].append("X1")
             columns["parent_xid"].append(None)
             columns["op"].append("COMMIT" if commit else "INSERT")
@@ -295,8 +308,8 @@ def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -
                                     f'{{"id":{i},"customer_id":7,"status":"new","total":"12.50"}}')
             scn += 1
         write_segment_columns(archive, thread=1, sequence=sequence, columns=columns, first_scn=Scn(first_scn),
-                              next_scn=Scn(scn), first_time=T0 + timedelta(microseconds=first_scn),
-                              next_time=T0 + timedelta(microseconds=scn), fmt="parquet")
+                              next_scn=Scn(scn), first_time=T0 + first_scn * tick,
+                              next_time=T0 + scn * tick, fmt="parquet")
 
 
 def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> list[dict]:
@@ -386,6 +399,73 @@ def bench_trailwrite(rows: int, engines: dict[str, Path], work: Path) -> list[di
         results.append({"stage": "trail write", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
                         "peaks": peaks, "tree": tree, "said": line})
         shutil.rmtree(home, ignore_errors=True)
+    return results
+
+
+# ---------------------------------------------------------------- Bounded Recovery: the transaction open across runs
+
+# `trailbound extract run ...`, printing the run's phases (capture.run.Stopwatch) after its line.
+EXTRACT_WITH_PHASES = """
+import json, sys
+from trailbound import cli
+from trailbound.capture import run as capture
+
+run_extract = capture.run_extract
+def with_phases(*args, **kwargs):
+    result = run_extract(*args, **kwargs)
+    print(result.describe())
+    print("phases " + json.dumps({k: round(v, 1) for k, v in result.timings.items()}), flush=True)
+    return result
+capture.run_extract = with_phases
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def bench_bounded_recovery(rows: int, include: Path, work: Path, servers) -> list[dict]:
+    """ONE transaction of N INSERTs spanning 10 hours of log time (20 segments), captured
+    twice: by group BR in two runs, the first to hour 5 (the transaction open for 5 hours
+    at the 4-hour BR boundary, the default brinterval: persisted, half its records), the
+    second to the end (restored a row group at a time, the rest read, written); and by
+    group ONCE in one run. Both trails must be the same (records and content digest)."""
+    from trailbound.archive.writer import write_defs
+    from trailbound.sources.simulator import source_tables
+    from trailbound.trail import format as trail
+
+    home = work / f"br-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    write_defs(home / "archive", [t.definition() for t in source_tables()])
+    hours = 10
+    write_insert_archive(rows, home / "archive", per_segment=-(-(rows + 1) // 20),
+                         tick=timedelta(hours=hours) / (rows + 1))
+    (home / "trailbound.yaml").write_text(
+        f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: archive\nextracts:\n"
+        f"  BR:\n    source: BENCH\n    exttrail: dirdat/lb\n    table: [\"shop.orders\"]\n"
+        f"  ONCE:\n    source: BENCH\n    exttrail: dirdat/lo\n    table: [\"shop.orders\"]\n")
+    meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_br_meta_{rows}_{work.name}".replace("-", "_"))
+    env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
+           "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
+    results = []
+    for stage, words in (("BR run 1: read half, persist", ["extract", "run", "BR", "--until",
+                                                             (T0 + timedelta(hours=5)).isoformat()]),
+                         ("BR run 2: restore, read the rest, write", ["extract", "run", "BR"]),
+                         ("one run: read all, write", ["extract", "run", "ONCE"])):
+        seconds, cpu, peaks, tree, out, _ = run_measured(
+            [sys.executable, "-c", EXTRACT_WITH_PHASES, "--config", str(home / "trailbound.yaml"), *words], env)
+        said = [line for line in out.strip().splitlines() if line.startswith("Extract")][-1:]
+        phases = [line for line in out.strip().splitlines() if line.startswith("phases")][-1:]
+        print(f"  {stage}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks {({k: mb(v) for k, v in peaks.items()})}, "
+              f"tree {mb(tree)}\n    {said}\n    {phases}", flush=True)
+        results.append({"stage": stage, "rows": rows, "engine": "after", "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks, "tree": tree, "said": " ".join(said + phases)})
+    persisted = sorted((home / "var" / "br").rglob("*.parquet"))
+    trails_written = {prefix: sorted((home / "dirdat").glob(f"{prefix}?????????")) for prefix in ("lb", "lo")}
+    [across_runs], [in_one_run] = trails_written["lb"], trails_written["lo"]
+    footers = [trail.read_metadata(path) for path in (across_runs, in_one_run)]
+    same = trail.read_file(across_runs).equals(trail.read_file(in_one_run))
+    print(f"  trails: {[f['records'] for f in footers]} records, digests "
+          f"{[f['content_sha256'] for f in footers]}, log_bsn {[f['log_bsn'] for f in footers]}, "
+          f"every record equal: {same}; BR files left: {len(persisted)}", flush=True)
+    assert same and footers[0]["content_sha256"] == footers[1]["content_sha256"], "the two trails differ"
     return results
 
 
@@ -509,7 +589,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
     parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
-    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite", "live"])
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite", "live", "br"])
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
                         help="the runs' directory (one per concurrent run of this script)")
@@ -533,6 +613,8 @@ def main() -> int:
             results += bench_capture(rows, engines, work, servers)
         if "trailwrite" in args.stages:
             results += bench_trailwrite(rows, engines, work)
+        if "br" in args.stages:
+            results += bench_bounded_recovery(rows, next(iter(engines.values())), work, servers)
         if "live" in args.stages:
             results += bench_live(rows, next(iter(engines.values())), work, servers)
     command = "PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py " + " ".join(sys.argv[1:])
