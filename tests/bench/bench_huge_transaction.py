@@ -84,6 +84,10 @@ class PeakSampler:
         self.pid, self.interval = pid, interval
         self.peaks: dict[str, int] = {}
         self.tree_peak = 0
+        self.started = time.perf_counter()
+        # Per Python worker: its peak, when it was reached, first and last seen (seconds
+        # from the start), to tell which phase of a run made a worker's peak.
+        self.workers: dict[int, list[float]] = {}
         self._cpu: dict[int, float] = {}  # per process, its user + system CPU seconds when last seen
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -132,6 +136,12 @@ class PeakSampler:
                 # Asked each time: spark-submit's shell script execs the JVM under its own pid.
                 kind = self.kind(process, self.pid)
                 self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
+                if kind.startswith("Python worker"):
+                    now = time.perf_counter() - self.started
+                    seen = self.workers.setdefault(process.pid, [0, 0.0, now, now])
+                    if rss > seen[0]:
+                        seen[0], seen[1] = rss, now
+                    seen[3] = now
                 total += process.memory_info().rss if process.is_running() else 0
             self.tree_peak = max(self.tree_peak, total)
             if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
@@ -168,6 +178,11 @@ def run_measured(command: list[str], env: dict) -> tuple[float, float, dict[str,
     seconds = time.perf_counter() - started
     sampler.join()
     cpu = sampler.cpu_seconds
+    largest = sorted(sampler.workers.items(), key=lambda item: -item[1][0])[:4]
+    if largest:
+        print("    largest Python workers (pid: peak at t, seen from t to t): " + "; ".join(
+            f"{pid}: {mb(peak)} at {at:.0f} s, {first:.0f}-{last:.0f} s" for pid, (peak, at, first, last) in largest),
+            flush=True)
     if process.returncode != 0:
         peaks = {k: mb(v) for k, v in sampler.peaks.items()}
         raise SystemExit(f"{' '.join(command[-4:])} failed ({process.returncode}) after {seconds:.1f} s, "
@@ -331,9 +346,10 @@ def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> l
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
         seconds, cpu, peaks, tree, out, _ = run_measured(
-            [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "extract", "run",
+            [sys.executable, "-c", EXTRACT_WITH_PHASES, "--config", str(home / "trailbound.yaml"), "extract", "run",
              "EXT1"], env)
-        line = out.strip().splitlines()[-1] if out.strip() else ""
+        line = next((line for line in out.splitlines() if line.startswith("Extract")), "")
+        print("    " + next((line for line in out.splitlines() if line.startswith("phases")), ""), flush=True)
         print(f"  capture {name}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks "
               f"{({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n    {line}", flush=True)
         # Read with pyarrow alone: the footers of every trail format (the engine under test
