@@ -298,14 +298,14 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
 # ---------------------------------------------------------------- capture: one INSERT transaction of N rows
 
 def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000,
-                         tick: timedelta = timedelta(microseconds=1)) -> None:
+                         tick: timedelta = timedelta(microseconds=1), start_scn: int = 1) -> None:
     """Archive segments of thread 1 holding ONE transaction of `rows` INSERTs into
     shop.orders (spanning the segments, `per_segment` records each) and its COMMIT, a
-    record every `tick` of log time."""
+    record every `tick` of log time, the first at `start_scn`."""
     from trailbound.archive.writer import to_micros, write_segment_columns
     from trailbound.positions import Scn
 
-    scn = 1
+    scn = start_scn
     for sequence, start in enumerate(range(1, rows + 2, per_segment), start=1):
         ids = list(range(start, min(rows + 1, start + per_segment - 1) + 1))  # rows + 1: the COMMIT
         first_scn = scn
@@ -442,7 +442,9 @@ def bench_bounded_recovery(rows: int, include: Path, work: Path, servers) -> lis
     twice: by group BR in two runs, the first to hour 5 (the transaction open for 5 hours
     at the 4-hour BR boundary, the default brinterval: persisted, half its records), the
     second to the end (restored a row group at a time, the rest read, written); and by
-    group ONCE in one run. Both trails must be the same (records and content digest)."""
+    group ONCE in one run. Both trails must be the same (records and content digest). The
+    transaction starts at scn 0, the one run's recovery SCN (its begin point), so that both
+    files carry the same log_bsn (the two-run group's is the transaction's start)."""
     from trailbound.archive.writer import write_defs
     from trailbound.sources.simulator import source_tables
     from trailbound.trail import format as trail
@@ -452,7 +454,7 @@ def bench_bounded_recovery(rows: int, include: Path, work: Path, servers) -> lis
     write_defs(home / "archive", [t.definition() for t in source_tables()])
     hours = 10
     write_insert_archive(rows, home / "archive", per_segment=-(-(rows + 1) // 20),
-                         tick=timedelta(hours=hours) / (rows + 1))
+                         tick=timedelta(hours=hours) / (rows + 1), start_scn=0)
     (home / "trailbound.yaml").write_text(
         f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: archive\nextracts:\n"
         f"  BR:\n    source: BENCH\n    exttrail: dirdat/lb\n    table: [\"shop.orders\"]\n"
