@@ -326,6 +326,7 @@ def test_showch_shows_the_br_checkpoint_and_the_restart_the_next_run_does(persis
     assert predicted == f"Next run: {result.recovery} recovery, {result.restart}" and result.recovery == "bounded"
 
 
+@pytest.mark.long_running(80)
 def test_a_huge_transaction_persisted_across_runs_is_written_as_one_run_writes_it(tmp_path, spark, store):
     """A transaction of 4,000 records, open across two runs, persisted at a BR checkpoint
     in many Parquet row groups (Spark batches of 500 records) and restored a row group
