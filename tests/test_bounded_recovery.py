@@ -324,3 +324,50 @@ def test_showch_shows_the_br_checkpoint_and_the_restart_the_next_run_does(persis
     [predicted] = [line.strip() for line in shown.splitlines() if "Next run:" in line]
     result = run(spark, store, config, 5)
     assert predicted == f"Next run: {result.recovery} recovery, {result.restart}" and result.recovery == "bounded"
+
+
+@pytest.mark.long_running(80)
+def test_a_huge_transaction_persisted_across_runs_is_written_as_one_run_writes_it(tmp_path, spark, store):
+    """A transaction of 4,000 records, open across two runs, persisted at a BR checkpoint
+    in many Parquet row groups (Spark batches of 500 records) and restored a row group
+    at a time, reaches the trail exactly as a run that reads it whole in one go writes
+    it: the same records in the same order, the same content digest. (It starts at scn
+    0, the single run's recovery SCN, so that both files carry the same log_bsn.)"""
+    import pyarrow.parquet as pq
+
+    from trailbound.trail import format as trail
+
+    per_hour, total_hours = 1000, 4
+    archive = new_archive(tmp_path)
+    for h in range(total_hours):
+        records = [ins(hours(h) + i, "HUGE", h * per_hour + i) for i in range(per_hour)]
+        if h == total_hours - 1:
+            records.append(rec(hours(h) + 3000, "HUGE", "COMMIT"))
+        archive.segment(1, records, hours(h + 1))
+    config_path = write_config(tmp_path)
+    # A second group on the same archive and its own trail: the same transaction captured in one run.
+    config_path.write_text(config_path.read_text() + "  ONCE:\n    source: SRC\n    exttrail: dirdat/lo\n"
+                                                     "    table: ['shop.*']\n")
+    config = configuration.load(config_path)
+    batch = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    saved = spark.conf.get(batch)
+    spark.conf.set(batch, "500")
+    try:
+        run(spark, store, config, 2)
+        [huge] = state(store).open
+        assert huge.persisted is not None and huge.persisted.records == 2 * per_hour
+        assert pq.ParquetFile(huge.persisted.file).num_row_groups > 1, "persisted a batch at a time"
+        assert run(spark, store, config).recovery == "bounded"
+        run_extract(spark, store, config, "ONCE")
+    finally:
+        spark.conf.set(batch, saved)
+
+    def trail_files(prefix: str) -> list[Path]:
+        return sorted((tmp_path / "dirdat").glob(f"{prefix}?????????"))
+
+    [across_runs], [in_one_run] = trail_files("lt"), trail_files("lo")
+    assert transactions(list(trail.iter_records(across_runs))) == \
+        [("HUGE", list(range(total_hours * per_hour)))], "written once, whole, in log order"
+    assert trail.read_file(across_runs).equals(trail.read_file(in_one_run))
+    digests = [trail.read_metadata(path)["content_sha256"] for path in (across_runs, in_one_run)]
+    assert digests[0] == digests[1]

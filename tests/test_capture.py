@@ -383,3 +383,25 @@ def test_begin_now_and_begin_an_iso_time(tmp_path, spark, store, capsys, monkeyp
     assert f"begin {at(250).isoformat()} (scn 200)" in capsys.readouterr().out
     assert main("alter", "extract", "EXT1", "begin", "yesterday") == 1
     assert "begin 'yesterday': expected earliest | now | an ISO-8601 time | scn N" in capsys.readouterr().err
+
+
+def test_a_large_segment_is_read_a_part_at_a_time(tmp_path, monkeypatch):
+    """A reading task holds about one part of the log (logread._RECORDS_PER_PART records)
+    however large a segment, or the transaction in it, is: every record once, in log
+    order, small segments still read together."""
+    import pyarrow as pa
+
+    from trailbound.capture import logread
+
+    monkeypatch.setattr(logread, "_RECORDS_PER_PART", 1000)
+    archive = new_archive(tmp_path)
+    large = archive.segment(1, [ins(i, "BIG", i) for i in range(2500)] + [rec(2500, "BIG", "COMMIT")], 2501)
+    small = archive.segment(1, [ins(2501, "S", 1), rec(2502, "S", "COMMIT")], 2503)
+    chunk = [logread._Input(str(large.with_suffix(".parquet")), 1, 1, 2501, False),
+             logread._Input(str(small.with_suffix(".parquet")), 1, 2, 2, False)]
+    parts = list(logread._read_parts(chunk, logread.ReadWindow(Scn(10**6))))
+    assert [len(part) for part in parts] == [1000, 1000, 503], "the large one in parts, its tail with the small one"
+    records = pa.concat_tables(parts)
+    assert list(zip(records["sequence"].to_pylist(), records["rba"].to_pylist())) == \
+        [(1, rba) for rba in range(2501)] + [(2, 0), (2, 1)]
+    assert records["txid"].to_pylist() == ["BIG"] * 2501 + ["S"] * 2

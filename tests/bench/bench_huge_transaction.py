@@ -28,6 +28,17 @@ Trail write (`--stages trailwrite`): what a capture task runs, alone in a proces
 own: trail.format.write_planned_files over 10,000-record batches of ONE transaction of N
 INSERTs, with capture's copy lines and table versions; its peak RSS and CPU.
 
+Bounded Recovery (`--stages br`): ONE transaction of N INSERTs over 10 hours of log time,
+captured by one group in two runs (the first to hour 5 persists it at the default 4-hour
+BR boundary; the second restores it and writes it) and by another in one run; each run's
+peaks and phases (capture.run.Stopwatch); the two trails must be equal, records and digest.
+
+Live (`--stages live`): a throwaway PostgreSQL (wal_level=logical, under the --work
+directory); N rows of public.huge_orders loaded on it and on the target before the slot
+exists, then ONE transaction of N UPDATEs; `archive pull` (pgoutput, streaming on),
+`extract run`, `pump run`, `replicat run` with the default settings, each measured; the
+target must equal the source.
+
 CPU is the user + system time of every process of the tree, as last sampled.
 """
 
@@ -73,6 +84,10 @@ class PeakSampler:
         self.pid, self.interval = pid, interval
         self.peaks: dict[str, int] = {}
         self.tree_peak = 0
+        self.started = time.perf_counter()
+        # Per Python worker: its peak, when it was reached, first and last seen (seconds
+        # from the start), to tell which phase of a run made a worker's peak.
+        self.workers: dict[int, list[float]] = {}
         self._cpu: dict[int, float] = {}  # per process, its user + system CPU seconds when last seen
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -121,6 +136,12 @@ class PeakSampler:
                 # Asked each time: spark-submit's shell script execs the JVM under its own pid.
                 kind = self.kind(process, self.pid)
                 self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
+                if kind.startswith("Python worker"):
+                    now = time.perf_counter() - self.started
+                    seen = self.workers.setdefault(process.pid, [0, 0.0, now, now])
+                    if rss > seen[0]:
+                        seen[0], seen[1] = rss, now
+                    seen[3] = now
                 total += process.memory_info().rss if process.is_running() else 0
             self.tree_peak = max(self.tree_peak, total)
             if not root.is_running() or root.status() == psutil.STATUS_ZOMBIE:
@@ -157,6 +178,11 @@ def run_measured(command: list[str], env: dict) -> tuple[float, float, dict[str,
     seconds = time.perf_counter() - started
     sampler.join()
     cpu = sampler.cpu_seconds
+    largest = sorted(sampler.workers.items(), key=lambda item: -item[1][0])[:4]
+    if largest:
+        print("    largest Python workers (pid: peak at t, seen from t to t): " + "; ".join(
+            f"{pid}: {mb(peak)} at {at:.0f} s, {first:.0f}-{last:.0f} s" for pid, (peak, at, first, last) in largest),
+            flush=True)
     if process.returncode != 0:
         peaks = {k: mb(v) for k, v in sampler.peaks.items()}
         raise SystemExit(f"{' '.join(command[-4:])} failed ({process.returncode}) after {seconds:.1f} s, "
@@ -271,13 +297,15 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
 
 # ---------------------------------------------------------------- capture: one INSERT transaction of N rows
 
-def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -> None:
+def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000,
+                         tick: timedelta = timedelta(microseconds=1), start_scn: int = 1) -> None:
     """Archive segments of thread 1 holding ONE transaction of `rows` INSERTs into
-    shop.orders (spanning the segments, `per_segment` records each) and its COMMIT."""
+    shop.orders (spanning the segments, `per_segment` records each) and its COMMIT, a
+    record every `tick` of log time, the first at `start_scn`."""
     from trailbound.archive.writer import to_micros, write_segment_columns
     from trailbound.positions import Scn
 
-    scn = 1
+    scn = start_scn
     for sequence, start in enumerate(range(1, rows + 2, per_segment), start=1):
         ids = list(range(start, min(rows + 1, start + per_segment - 1) + 1))  # rows + 1: the COMMIT
         first_scn = scn
@@ -285,7 +313,7 @@ def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -
         for i in ids:
             commit = i == rows + 1
             columns["scn"].append(scn)
-            columns["ts"].append(to_micros(T0 + timedelta(microseconds=scn)))
+            columns["ts"].append(to_micros(T0 + scn * tick))
             columns["xid"].append("X1")
             columns["parent_xid"].append(None)
             columns["op"].append("COMMIT" if commit else "INSERT")
@@ -295,8 +323,8 @@ def write_insert_archive(rows: int, archive: Path, per_segment: int = 500_000) -
                                     f'{{"id":{i},"customer_id":7,"status":"new","total":"12.50"}}')
             scn += 1
         write_segment_columns(archive, thread=1, sequence=sequence, columns=columns, first_scn=Scn(first_scn),
-                              next_scn=Scn(scn), first_time=T0 + timedelta(microseconds=first_scn),
-                              next_time=T0 + timedelta(microseconds=scn), fmt="parquet")
+                              next_scn=Scn(scn), first_time=T0 + first_scn * tick,
+                              next_time=T0 + scn * tick, fmt="parquet")
 
 
 def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> list[dict]:
@@ -318,9 +346,10 @@ def bench_capture(rows: int, engines: dict[str, Path], work: Path, servers) -> l
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
         seconds, cpu, peaks, tree, out, _ = run_measured(
-            [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "extract", "run",
+            [sys.executable, "-c", EXTRACT_WITH_PHASES, "--config", str(home / "trailbound.yaml"), "extract", "run",
              "EXT1"], env)
-        line = out.strip().splitlines()[-1] if out.strip() else ""
+        line = next((line for line in out.splitlines() if line.startswith("Extract")), "")
+        print("    " + next((line for line in out.splitlines() if line.startswith("phases")), ""), flush=True)
         print(f"  capture {name}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks "
               f"{({k: mb(v) for k, v in peaks.items()})}, tree {mb(tree)}\n    {line}", flush=True)
         # Read with pyarrow alone: the footers of every trail format (the engine under test
@@ -389,6 +418,164 @@ def bench_trailwrite(rows: int, engines: dict[str, Path], work: Path) -> list[di
     return results
 
 
+# ---------------------------------------------------------------- Bounded Recovery: the transaction open across runs
+
+# `trailbound extract run ...`, printing the run's phases (capture.run.Stopwatch) after its line.
+EXTRACT_WITH_PHASES = """
+import json, sys
+from trailbound import cli
+from trailbound.capture import run as capture
+
+run_extract = capture.run_extract
+def with_phases(*args, **kwargs):
+    result = run_extract(*args, **kwargs)
+    print(result.describe())
+    print("phases " + json.dumps({k: round(v, 1) for k, v in result.timings.items()}), flush=True)
+    return result
+capture.run_extract = with_phases
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def bench_bounded_recovery(rows: int, include: Path, work: Path, servers) -> list[dict]:
+    """ONE transaction of N INSERTs spanning 10 hours of log time (20 segments), captured
+    twice: by group BR in two runs, the first to hour 5 (the transaction open for 5 hours
+    at the 4-hour BR boundary, the default brinterval: persisted, half its records), the
+    second to the end (restored a row group at a time, the rest read, written); and by
+    group ONCE in one run. Both trails must be the same (records and content digest). The
+    transaction starts at scn 0, the one run's recovery SCN (its begin point), so that both
+    files carry the same log_bsn (the two-run group's is the transaction's start)."""
+    from trailbound.archive.writer import write_defs
+    from trailbound.sources.simulator import source_tables
+    from trailbound.trail import format as trail
+
+    home = work / f"br-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    write_defs(home / "archive", [t.definition() for t in source_tables()])
+    hours = 10
+    write_insert_archive(rows, home / "archive", per_segment=-(-(rows + 1) // 20),
+                         tick=timedelta(hours=hours) / (rows + 1), start_scn=0)
+    (home / "trailbound.yaml").write_text(
+        f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: archive\nextracts:\n"
+        f"  BR:\n    source: BENCH\n    exttrail: dirdat/lb\n    table: [\"shop.orders\"]\n"
+        f"  ONCE:\n    source: BENCH\n    exttrail: dirdat/lo\n    table: [\"shop.orders\"]\n")
+    meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_br_meta_{rows}_{work.name}".replace("-", "_"))
+    env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
+           "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
+    results = []
+    for stage, words in (("BR run 1: read half, persist", ["extract", "run", "BR", "--until",
+                                                             (T0 + timedelta(hours=5)).isoformat()]),
+                         ("BR run 2: restore, read the rest, write", ["extract", "run", "BR"]),
+                         ("one run: read all, write", ["extract", "run", "ONCE"])):
+        seconds, cpu, peaks, tree, out, _ = run_measured(
+            [sys.executable, "-c", EXTRACT_WITH_PHASES, "--config", str(home / "trailbound.yaml"), *words], env)
+        said = [line for line in out.strip().splitlines() if line.startswith("Extract")][-1:]
+        phases = [line for line in out.strip().splitlines() if line.startswith("phases")][-1:]
+        print(f"  {stage}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks {({k: mb(v) for k, v in peaks.items()})}, "
+              f"tree {mb(tree)}\n    {said}\n    {phases}", flush=True)
+        results.append({"stage": stage, "rows": rows, "engine": "after", "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks, "tree": tree, "said": " ".join(said + phases)})
+    persisted = sorted((home / "var" / "br").rglob("*.parquet"))
+    trails_written = {prefix: sorted((home / "dirdat").glob(f"{prefix}?????????")) for prefix in ("lb", "lo")}
+    [across_runs], [in_one_run] = trails_written["lb"], trails_written["lo"]
+    footers = [trail.read_metadata(path) for path in (across_runs, in_one_run)]
+    same = trail.read_file(across_runs).equals(trail.read_file(in_one_run))
+    print(f"  trails: {[f['records'] for f in footers]} records, digests "
+          f"{[f['content_sha256'] for f in footers]}, log_bsn {[f['log_bsn'] for f in footers]}, "
+          f"every record equal: {same}; BR files left: {len(persisted)}", flush=True)
+    assert same and footers[0]["content_sha256"] == footers[1]["content_sha256"], "the two trails differ"
+    return results
+
+
+# ---------------------------------------------------------------- live: ONE UPDATE transaction of N rows on PostgreSQL
+
+LIVE_TABLE = ("public", "huge_orders")
+
+
+def bench_live(rows: int, include: Path, work: Path, servers) -> list[dict]:
+    """A throwaway source server (wal_level=logical); N rows of public.huge_orders loaded
+    there and on the target before the slot exists (untimed), then ONE transaction of N
+    UPDATEs; `archive pull` (pgoutput, streaming on: the transaction is streamed in
+    progress, past logical_decoding_work_mem), `extract run`, `pump run`, `replicat run`,
+    each a measured child process with the default settings; the target must then equal
+    the source."""
+    from trailbound.devtools.livedemo import LOGICAL_OPTIONS, recreate_database, table_digests
+    from trailbound.devtools.localpg import LocalServer
+
+    home = work / f"live-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    server = LocalServer(work / "source-pg", options=LOGICAL_OPTIONS + " -c max_wal_size=8GB",
+                         databases=("bench_huge_source",)).start()
+    recreate_database(server.dsn(), "bench_huge_source")
+    source = server.dsn("bench_huge_source")
+    meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_live_meta_{rows}_{work.name}".replace("-", "_"))
+    target_dsn = fresh_database(servers[1], f"trailbound_bench_huge_live_target_{rows}_{work.name}".replace("-", "_"))
+    config = home / "trailbound.yaml"
+    config.write_text(f"""home: {home}
+sources:
+  LIVE:
+    altarchivelogdest: archive
+    postgres: {{dsn_env: TRAILBOUND_BENCH_SOURCE_DSN, conn_id: bench_source, slot: trailbound_huge,
+               publication: trailbound_huge, table: ["public.huge_orders"]}}
+extracts:
+  EXTH: {{source: LIVE, exttrail: dirdat/lt, table: ["public.huge_orders"]}}
+pumps:
+  PMPH: {{exttrail: dirdat/lt, rmttrail: remote/rt}}
+replicats:
+  REPH: {{exttrail: remote/rt, source: LIVE}}
+""")
+    env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
+           "TRAILBOUND_TARGET_DSN": target_dsn, "TRAILBOUND_BENCH_SOURCE_DSN": source,
+           "TRAILBOUND_CONFIG": str(config), "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g pyspark-shell"}
+    tb = [sys.executable, "-m", "trailbound.cli", "--config", str(config)]
+
+    def execute(dsn: str, *statements) -> None:
+        connection = psycopg2.connect(dsn)
+        connection.autocommit = True  # each statement its own transaction (VACUUM needs it)
+        with connection.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+        connection.close()
+
+    began = time.perf_counter()
+    execute(source, "CREATE TABLE public.huge_orders (id bigint PRIMARY KEY, customer_id int NOT NULL, "
+                    "status text NOT NULL, total numeric(12,2) NOT NULL, note text)",
+            sql.SQL("INSERT INTO public.huge_orders SELECT i, i % 1000, 'new', 12.50, 'order ' || i "
+                    "FROM generate_series(1, {}) i").format(sql.Literal(rows)), "VACUUM ANALYZE public.huge_orders")
+    for words in (["add", "source", "LIVE"], ["target", "create", "--source", "LIVE"]):
+        subprocess.run([*tb, *words], env=env, check=True, capture_output=True, text=True)
+    # The target starts as the source was when the slot was made (untimed).
+    dump = home / "huge_orders.copy"
+    with psycopg2.connect(source) as connection, connection.cursor() as cur, dump.open("wb") as out:
+        cur.copy_expert("COPY public.huge_orders TO STDOUT", out)
+    connection.close()
+    with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur, dump.open("rb") as data:
+        cur.copy_expert("COPY public.huge_orders FROM STDIN", data)
+        cur.execute("ANALYZE public.huge_orders")
+    connection.close()
+    dump.unlink()
+    started = time.perf_counter()
+    execute(source, "UPDATE public.huge_orders SET status = 'shipped', total = total + 1")  # ONE transaction
+    print(f"live {rows:,}: loaded in {started - began:.1f} s, one UPDATE transaction of {rows:,} rows in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
+    results = []
+    for stage, words in (("pull", ["archive", "pull", "LIVE"]), ("capture", ["extract", "run", "EXTH"]),
+                         ("pump", ["pump", "run", "PMPH"]), ("replicat", ["replicat", "run", "REPH"])):
+        seconds, cpu, peaks, tree, out, _ = run_measured([*tb, *words], env)
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"  live {stage}: {seconds:.1f} s wall, {cpu:.1f} s CPU, peaks {({k: mb(v) for k, v in peaks.items()})}, "
+              f"tree {mb(tree)}\n    {line}", flush=True)
+        results.append({"stage": f"live {stage}", "rows": rows, "engine": "live", "seconds": seconds, "cpu": cpu,
+                        "peaks": peaks, "tree": tree, "said": line})
+    table = [LIVE_TABLE]
+    expected, got = table_digests(source, table), table_digests(target_dsn, table)
+    print(f"  source {expected}, target {got}", flush=True)
+    assert got == expected, f"the target differs from the source: {got} against {expected}"
+    server.stop()
+    return results
+
+
 # ---------------------------------------------------------------- the report
 
 def report(results: list[dict], command: str) -> str:
@@ -420,7 +607,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
     parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
-    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite"])
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite", "live", "br"])
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
                         help="the runs' directory (one per concurrent run of this script)")
@@ -444,6 +631,10 @@ def main() -> int:
             results += bench_capture(rows, engines, work, servers)
         if "trailwrite" in args.stages:
             results += bench_trailwrite(rows, engines, work)
+        if "br" in args.stages:
+            results += bench_bounded_recovery(rows, next(iter(engines.values())), work, servers)
+        if "live" in args.stages:
+            results += bench_live(rows, next(iter(engines.values())), work, servers)
     command = "PYTHONPATH=include .venv/bin/python tests/bench/bench_huge_transaction.py " + " ".join(sys.argv[1:])
     text = report(results, command)
     print(text)

@@ -288,39 +288,54 @@ def _records_pass(segment: Segment, table: pa.Table) -> bool:
     return _images_are_objects(table.column("before")) and _images_are_objects(table.column("after"))
 
 
-def _transactions_pass(xid: pa.Array, parent: pa.Array, op: pa.Array, position: pa.Array) -> bool:
+class _TransactionChecks:
     """The cross-record checks of one thread's new records (archive.reader's
-    _records_after_end and _nested_subtransactions): nothing of a transaction, or of a
-    subtransaction of it, after its first end; no parent_xid naming a subtransaction."""
-    import pyarrow.compute as pc
+    _records_after_end and _nested_subtransactions), fed a segment at a time in log order:
+    nothing of a transaction, or of a subtransaction of it, after its first end; no
+    parent_xid naming a subtransaction. It keeps a row per transaction that ended and the
+    distinct subtransaction and parent xids, never the records: a thread's new log may be
+    one transaction of millions of records."""
 
-    records = pa.table({"xid": xid, "parent": parent, "pos": position})
-    ended = pc.is_in(op, value_set=pa.array(contract.END_OPS))
-    ends = (records.filter(ended).group_by("xid").aggregate([("pos", "min")])
-            .rename_columns(["end_xid", "end_pos"]))
-    if ends.num_rows:
-        own = records.join(ends, "xid", "end_xid", join_type="inner")
-        if pc.any(pc.greater(own.column("pos"), own.column("end_pos"))).as_py():
-            return False
-        children = records.filter(pc.is_valid(parent)).join(ends, "parent", "end_xid", join_type="inner")
-        if children.num_rows and pc.any(pc.greater(children.column("pos"), children.column("end_pos"))).as_py():
-            return False
-    subtransactions = pc.unique(pc.filter(xid, pc.is_valid(parent)))
-    if len(subtransactions):
-        nested = pc.and_(pc.is_in(parent, value_set=subtransactions), pc.not_equal(xid, parent))
-        if pc.any(pc.fill_null(nested, False)).as_py():
-            return False
-    return True
+    def __init__(self):
+        self.ends = pa.table({"end_xid": pa.array([], pa.string()), "end_pos": pa.array([], pa.int64())})
+        self.subtransactions: set[str] = set()
+        self.parents: set[str] = set()  # parent_xids of records whose xid differs
+
+    def passes(self, xid: pa.Array, parent: pa.Array, op: pa.Array, position: pa.Array) -> bool:
+        """Whether a segment's records (in log order, after every segment fed before) pass."""
+        import pyarrow.compute as pc
+
+        records = pa.table({"xid": xid, "parent": parent, "pos": position})
+        ended = records.filter(pc.is_in(op, value_set=pa.array(contract.END_OPS)))
+        if ended.num_rows:
+            # Positions only grow: an end already known stays the first one.
+            new = ended.group_by("xid").aggregate([("pos", "min")]).rename_columns(["end_xid", "end_pos"])
+            new = new.join(self.ends.select(["end_xid"]), "end_xid", join_type="left anti")
+            self.ends = pa.concat_tables([self.ends, new.select(["end_xid", "end_pos"]).cast(self.ends.schema)])
+        if self.ends.num_rows:
+            own = records.join(self.ends, "xid", "end_xid", join_type="inner")
+            if pc.any(pc.greater(own.column("pos"), own.column("end_pos"))).as_py():
+                return False
+            children = records.filter(pc.is_valid(parent)).join(self.ends, "parent", "end_xid", join_type="inner")
+            if children.num_rows and pc.any(pc.greater(children.column("pos"), children.column("end_pos"))).as_py():
+                return False
+        with_parent = records.filter(pc.is_valid(parent))
+        self.subtransactions.update(pc.unique(with_parent.column("xid")).to_pylist())
+        self.parents.update(pc.unique(with_parent.filter(pc.not_equal(with_parent.column("xid"),
+                                                                      with_parent.column("parent")))
+                                      .column("parent")).to_pylist())
+        return not (self.subtransactions & self.parents)
 
 
 def check_thread(segments: list[Segment]) -> tuple[tuple[str, str, int | None] | None, bool]:
     """One thread's new segments, in sequence order, each file read once: (the first
     file-level error as (path, message, rba), or None; whether every record passed the
-    vectorised checks). Runs in a Spark task; a JSON Lines segment is left to the reader."""
+    vectorised checks). Runs in a Spark task; a JSON Lines segment is left to the reader.
+    The task holds one segment and what _TransactionChecks keeps, whatever the log's size."""
     import numpy as np
 
     passed = True
-    narrow: dict[str, list] = {"xid": [], "parent": [], "op": [], "pos": []}
+    checks = _TransactionChecks()
     for segment in segments:
         try:
             _, parquet = read_verified(segment)
@@ -334,13 +349,10 @@ def check_thread(segments: list[Segment]) -> tuple[tuple[str, str, int | None] |
         table = parquet.read()
         if "parent_xid" not in table.column_names:
             table = table.append_column("parent_xid", pa.nulls(table.num_rows, pa.string()))
-        passed = _records_pass(segment, table)
-        if passed:
-            for key, column in (("xid", "xid"), ("parent", "parent_xid"), ("op", "op")):
-                narrow[key].append(table.column(column).cast(pa.string()).combine_chunks())
-            narrow["pos"].append(pa.array((segment.sequence << 32) + np.arange(table.num_rows, dtype=np.int64)))
-    if passed and narrow["xid"]:
-        passed = _transactions_pass(*(pa.concat_arrays(narrow[key]) for key in ("xid", "parent", "op", "pos")))
+        passed = _records_pass(segment, table) and checks.passes(
+            *(table.column(name).cast(pa.string()).combine_chunks() for name in ("xid", "parent_xid", "op")),
+            pa.array((segment.sequence << 32) + np.arange(table.num_rows, dtype=np.int64)))
+        del table
     return None, passed
 
 

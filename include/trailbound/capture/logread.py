@@ -200,6 +200,9 @@ class LogRead:
                     parts = _read_parts(chunks[number], window, txids)
                     for table in function(p for p in parts if len(p)):
                         yield from table.to_batches(max_chunksize=65_536)
+            # Spark reuses a Python worker for the run's next tasks (the trail write among
+            # them): hand back what this one's parts took rather than keep it resident.
+            pa.default_memory_pool().release_unused()
 
         frames = []
         if chunks:
@@ -250,10 +253,12 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 
 
 def _read_parts(chunk: list[_Input], window: ReadWindow, txids: pa.Array | None = None) -> Iterator[pa.Table]:
-    """A chunk's records in the window (a persisted object's: all of them), a few files
-    at a time: each file costs a read, and everything else is done once per part (the
-    files are small; per-file compute calls took longer than the reads). With `txids`,
-    a segment none of whose records belongs to one of them is read no further."""
+    """A chunk's records in the window (a persisted object's: all of them), about
+    _RECORDS_PER_PART at a time: small files are read a few together (each file costs a
+    read, and everything else is done once per part: per-file compute calls took longer
+    than the reads), a large one a part at a time, so that a task holds one part's
+    records whatever the size of a segment or of a transaction. With `txids`, a segment
+    none of whose records belongs to one of them is read no further."""
     pending, count = [], 0
     for item in chunk:
         if txids is not None and not item.restored and not _holds_any(item, txids):
@@ -264,11 +269,12 @@ def _read_parts(chunk: list[_Input], window: ReadWindow, txids: pa.Array | None 
             for group in _restored_row_groups(item):
                 yield _prepared([group], window)
             continue
-        pending.append(_read_file(item))
-        count += item.records
-        if count >= _RECORDS_PER_PART:
-            yield _prepared(pending, window)
-            pending, count = [], 0
+        for table in _file_parts(item):
+            pending.append(table)
+            count += len(table)
+            if count >= _RECORDS_PER_PART:
+                yield _prepared(pending, window)
+                pending, count = [], 0
     if pending:
         yield _prepared(pending, window)
 
@@ -298,19 +304,22 @@ def _restored_row_groups(item: _Input) -> Iterator[pa.Table]:
         raise ArchiveError(Path(item.path), f"cannot read it: {exc}") from None
 
 
-def _read_file(item: _Input) -> pa.Table:
-    """A segment's records as _RECORDS_BEFORE_TXID."""
+def _file_parts(item: _Input) -> Iterator[pa.Table]:
+    """A segment's records as _RECORDS_BEFORE_TXID, at most _RECORDS_PER_PART at a time."""
     import pyarrow.parquet as pq
 
     try:
-        table = _cast(pq.ParquetFile(item.path).read(columns=list(contract.RECORD_FIELDS), use_threads=False),
-                      contract.RECORD_FIELDS)
+        batches = pq.ParquetFile(item.path).iter_batches(batch_size=_RECORDS_PER_PART,
+                                                         columns=list(contract.RECORD_FIELDS), use_threads=False)
+        for batch in batches:
+            table = _cast(pa.Table.from_batches([batch]), contract.RECORD_FIELDS)
+            n = len(table)
+            yield pa.Table.from_arrays(
+                [pa.repeat(pa.scalar(item.thread, pa.int32()), n), pa.repeat(pa.scalar(item.sequence, pa.int64()), n),
+                 *table.columns, pa.repeat(Path(item.path).name, n), pa.repeat(False, n)],
+                schema=_RECORDS_BEFORE_TXID)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise ArchiveError(Path(item.path), f"cannot read it: {exc}") from None
-    n = len(table)
-    return pa.Table.from_arrays(
-        [pa.repeat(pa.scalar(item.thread, pa.int32()), n), pa.repeat(pa.scalar(item.sequence, pa.int64()), n),
-         *table.columns, pa.repeat(Path(item.path).name, n), pa.repeat(False, n)], schema=_RECORDS_BEFORE_TXID)
 
 
 def _cast(table: pa.Table, names: Sequence[str]) -> pa.Table:

@@ -135,6 +135,8 @@ def write_files(spark, trail: DataFrame, expected: dict[int, dict], prefix: Path
                 "file_no": number, "path": str(info.path), "records": info.records,
                 "bytes": info.bytes, "sha256": info.sha256, "first_csn": str(info.first_csn),
                 "last_csn": str(info.last_csn), "op_counts": json.dumps(per_file.pop(number, []))}], schema=_WRITTEN)
+        # The Python worker is reused for the run's next tasks (Bounded Recovery's persisting).
+        pa.default_memory_pool().release_unused()
 
     tasks = max(1, min(len(expected), max(8, 2 * parallelism(spark))))
     try:
