@@ -221,25 +221,42 @@ class Miner:
         # Type, Origin and any other logical Message carry nothing the archive holds.
         self._cut_if_full()
 
-    def handle_raw(self, lsn: int, data: bytes, sent: int, decoding: d.Decoder) -> None:
-        """One message as the slot sent it (reader.SlotReader.messages): its data_start,
-        its pgoutput bytes and its send time (protocol microseconds). A row change (nearly every message) goes from its bytes to the
-        archive's JSON in one pass (rowjson.py), its images made only when the archive does
-        not hold it yet (the bytes are read whatever: a malformed message is refused).
-        (No Lsn, datetime, decoded message or call not needed per change: each one cost
-        the pull a few %.)"""
-        if lsn > self.last_lsn:
-            self.last_lsn = lsn
-        kind = data[0]
-        if kind not in d.ROW_CHANGES:
-            self._not_a_row_change(lsn, kind, data, sent, decoding)
-            return
-        ts = sent + d.PG_EPOCH_MICROS if self.streaming else self.commit_micros
-        txn = self._admit(lsn, ts)
-        kind, sent_xid, oid, old_kind, old, new = d.row_change(data, decoding.in_stream, self.tuple_readers)
-        if txn is not None:
-            xid = self._account(txn, lsn, sent_xid)
-            relation = self.relations[oid]
+    def handle_batch(self, messages: list, decoding: d.Decoder) -> None:
+        """Messages as the slot sent them (reader.SlotReader.batches: data_start, wal_end,
+        send time in protocol microseconds, pgoutput bytes). A row change (nearly every
+        message) goes from its bytes to the archive's JSON in one pass (rowjson.py), its
+        images made only when the archive does not hold it yet (the bytes are read
+        whatever: a malformed message is refused). A batch per call, and `_account` and
+        `_emit` inline for row changes: per change, no Lsn, datetime, decoded message, call
+        or look-up that is not needed (each one cost the pull a few %)."""
+        readers, relations, row_change, row_kinds = self.tuple_readers, self.relations, d.row_change, d.ROW_CHANGES
+        admit, result, epoch = self._admit, self.result, d.PG_EPOCH_MICROS
+        for lsn, _, sent, data in messages:
+            if lsn > self.last_lsn:
+                self.last_lsn = lsn
+            kind = data[0]
+            if kind not in row_kinds:
+                self._not_a_row_change(lsn, kind, data, sent, decoding)
+                continue
+            streaming = self.streaming
+            ts = sent + epoch if streaming else self.commit_micros
+            txn = admit(lsn, ts)
+            kind, sent_xid, oid, old_kind, old, new = row_change(data, decoding.in_stream, readers)
+            if txn is None:
+                continue
+            # _account
+            if lsn == txn.last_lsn:
+                txn.at_last_lsn += 1
+            else:
+                txn.last_lsn, txn.at_last_lsn = lsn, 1
+            top = self.top
+            if not streaming or sent_xid is None or sent_xid == top:
+                xid, parent = str(top), None
+            else:
+                span = txn.subxids.setdefault(str(sent_xid), [lsn, lsn])
+                span[1] = max(span[1], lsn)
+                xid, parent = str(sent_xid), str(top)
+            relation = relations[oid]
             if not relation.resolved:
                 self._resolve(relation, lsn)
             images = relation.json
@@ -253,11 +270,16 @@ class Miner:
                 before = images.key_image(old) if old_kind == 0x4B else images.image(old)
             if relation.heartbeat and after is not None:
                 after = heartbeat.archived(after, datetime.now(UTC))
-            top = self.top
-            self._emit(lsn, ts, xid, None if xid == top else top, op, relation.name, before, after)
-            self.result.changes += 1
-        if self.full:  # (_cut_if_full, inline)
-            self.cut(Lsn(self.floor + 1))
+            # _emit
+            if lsn > self.floor:
+                self.floor = lsn
+            rows = self.rows
+            rows += (self.floor, ts, xid, parent, op, relation.name, before, after)
+            self.buffer_bytes += 64 + len(before or "") + len(after or "")
+            result.changes += 1
+            if (len(rows) >= self.limit_fields or self.buffer_bytes >= self.limit_bytes
+                    or ts - rows[_TS] >= self.limit_micros):
+                self.cut(Lsn(self.floor + 1))
 
     def _not_a_row_change(self, lsn: int, kind: int, data: bytes, sent: int, decoding: d.Decoder) -> None:
         """BEGIN and COMMIT (one each per transaction) read as plain ints; anything else
@@ -571,10 +593,11 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
             if reader.confirmed_at_start is not None:
                 state.forget_ended_before(reader.confirmed_at_start)
             miner = Miner(archive, defs, limits, state, type_name, result, catalog)
-            decoding, handle = d.Decoder(), miner.handle_raw
+            decoding = d.Decoder()
             with _collector_paused():
-                for message in reader.messages(until, patience=patience):
-                    handle(message[0], message[3], message[2], decoding)
+                for batch in reader.batches(until, patience=patience):
+                    message = batch[-1]
+                    miner.handle_batch(batch, decoding)
             _close(miner, reader, result, started)
             result.new_versions = miner.new_versions
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:  # the connection, not a refusal

@@ -198,17 +198,18 @@ class SlotReader:
 
     # ---------------------------------------------------------------- reading
 
-    def messages(self, until: Lsn, *, patience: float = 60.0) -> Iterator[tuple[int, int, int, bytes]]:
-        """The messages up to `until`, as sent: (data_start: the message's WAL position,
-        wal_end, send_time: microseconds since 2000-01-01 UTC by the server's clock,
-        payload: the pgoutput bytes), a plain tuple each; the caller decodes them. Stops at
-        the first transaction boundary where the server has sent everything before `until`.
-        `self.safe` is then the position the slot may be confirmed to once everything
-        yielded is durable. Stops early, at a boundary, if nothing arrives for `patience`
-        seconds."""
+    def batches(self, until: Lsn, *, patience: float = 60.0) -> Iterator[list[tuple[int, int, int, bytes]]]:
+        """The messages up to `until`, as sent, in lists of those received together: each
+        (data_start: the message's WAL position, wal_end, send_time: microseconds since
+        2000-01-01 UTC by the server's clock, payload: the pgoutput bytes), a plain tuple;
+        the caller decodes them. Stops at the first transaction boundary where the server
+        has sent everything before `until`. `self.safe` is then the position the slot may
+        be confirmed to once everything yielded is durable. Stops early, at a boundary, if
+        nothing arrives for `patience` seconds. (A list per read, not a generator step per
+        message: a pull reads millions.)"""
         boundary = True
         idle_since = None  # when a read last found nothing, after the last message
-        stream = self.stream
+        stream, end = self.stream, until.value
         self._mark_boundary(stream.wal_end)
         while True:
             batch = stream.read()
@@ -223,19 +224,22 @@ class SlotReader:
                 elif now - idle_since > patience:
                     return
                 continue
-            idle_since = None  # (no clock read per message: a pull reads millions)
-            for message in batch:
-                payload = message[3]
+            idle_since = None  # (no clock read per message)
+            safe = self.safe.value if self.safe is not None else 0
+            for at, (_, wal_end, _, payload) in enumerate(batch):
                 kind = payload[0] if payload else 0
                 if kind in _OPENS:
                     boundary = False
                 elif kind in _CLOSES:
                     boundary = True
-                yield message
-                if boundary:
-                    self._mark_boundary(message[1])
-                    if self.safe is not None and self.safe >= until:
+                    if wal_end > safe:
+                        safe = wal_end
+                    if safe >= end:
+                        self._mark_boundary(safe)
+                        yield batch[:at + 1]
                         return
+            self._mark_boundary(safe)
+            yield batch
             if boundary:  # keepalives after the batch's last message
                 self._mark_boundary(stream.wal_end)
 
