@@ -348,9 +348,9 @@ class _SocketStream:
         """The messages received whole by now, after waiting up to _READ_WAIT seconds for
         the first: (data_start, wal_end, send_time, payload) each."""
         chunk = self._recv()
-        if not chunk:
+        data = self.pending + chunk if self.pending else chunk  # (the first messages may have come with
+        if not data:                                             # CopyBothResponse, whole, in `pending`)
             return []
-        data = self.pending + chunk if self.pending else chunk
         end, at = len(data), 0
         if end >= 5:
             (_, size) = _FRAME.unpack_from(data)
