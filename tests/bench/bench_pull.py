@@ -9,7 +9,7 @@ alternated on the very same WAL.
 Starts its own source server (var/bench-pull-source, wal_level=logical). The backlog is
 pgbench's data load at scale S (S x 100,000 inserts in one transaction) then T TPC-B-like
 transactions (3 updates and 1 insert each) on 2 clients. Each run is timed in its own
-process (`trailbound archive pull`); `--profile` runs one pull under cProfile in this
+process (`trailbound archive pull`; `--runs 0` makes the backlog alone); `--profile` runs one pull under cProfile in this
 process and prints the top functions. Results go to docs/benchmarks/pull.md.
 
 A/B: with `--code old=DIR --code new=DIR` (each an `include/` directory, e.g. of a
@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         execute(source, f"SELECT pg_drop_replication_slot('{SLOT}_{n}')")
         shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
 
+    if not rates:  # --runs 0: the backlog alone
+        return 0
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     best = min(s for s, _ in rates)
