@@ -15,7 +15,8 @@ process and prints the top functions. Results go to docs/benchmarks/pull.md.
 A/B: with `--code old=DIR --code new=DIR` (each an `include/` directory, e.g. of a
 `git archive` of the commit) each run pulls once with each code, alternated, and prints
 what each took; with `--cgtime` each pull runs under that command, which prints its
-CPU-seconds (on a loaded machine wall time says little). Nothing is written to pull.md.
+CPU-seconds (on a loaded machine wall time says little); each code's first archive is kept
+as var/bench-pull/archive_<NAME> for a comparison. Nothing is written to pull.md.
 """
 
 from __future__ import annotations
@@ -181,7 +182,12 @@ def compare_codes(args, source: str, env: dict, tb: list[str]) -> int:
                   + (f", {cpu.group(1)} CPU-s ({float(cpu.group(1)) * 1e6 / changes:.1f} CPU-us per change)"
                      if cpu else "") + f", load {os.getloadavg()[0]:.1f}", flush=True)
             execute(source, f"SELECT pg_drop_replication_slot('{SLOT}_{n}')")
-            shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
+            if run == 1:  # each code's first archive kept, to be compared (cmp of the segments)
+                shutil.rmtree(WORK / f"archive_{name}", ignore_errors=True)
+                (WORK / f"archive_{n}").rename(WORK / f"archive_{name}")
+            else:
+                shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
+    print(f"the first pull's archive of each code: {WORK}/archive_<name>")
     return 0
 
 
