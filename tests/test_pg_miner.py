@@ -321,3 +321,17 @@ def test_the_pulls_fast_json_images_are_the_typed_paths_text_value_by_value():
     for cut in (3, 20):
         with pytest.raises(d.DecodeError, match="message ends early|runs past the message end"):
             d.row_change(insert[:-cut], False, {100: relation.json.values})
+
+
+def test_the_states_transaction_text_is_encode_jsons_for_every_kind_of_transaction():
+    # the state file's text, written directly for transactions without subtransactions,
+    # is what encode_json writes (the state is compared and read back as JSON)
+    from trailbound.archive.writer import encode_json
+
+    txns = [miner_state.Txn(), miner_state.Txn(48112368, 21, False, 48181184, "2026-11-27T11:00:50.618704+00:00"),
+            miner_state.Txn(5, 1, True, None, 'a "quoted\\" time\n é'),
+            miner_state.Txn(5, 2, True, 9, None, [7], {"7": [3, 5]})]
+    for txn in txns:
+        assert miner_state._txn_json(txn) == encode_json(vars(txn))
+    state = miner_state.MinerState(1, Lsn(10), T0, "slot", dict(enumerate(txns)))
+    assert json.loads(state.to_text())["txns"] == {str(xid): vars(txn) for xid, txn in enumerate(txns)}

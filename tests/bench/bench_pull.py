@@ -9,13 +9,14 @@ alternated on the very same WAL.
 Starts its own source server (var/bench-pull-source, wal_level=logical). The backlog is
 pgbench's data load at scale S (S x 100,000 inserts in one transaction) then T TPC-B-like
 transactions (3 updates and 1 insert each) on 2 clients. Each run is timed in its own
-process (`trailbound archive pull`); `--profile` runs one pull under cProfile in this
+process (`trailbound archive pull`; `--runs 0` makes the backlog alone); `--profile` runs one pull under cProfile in this
 process and prints the top functions. Results go to docs/benchmarks/pull.md.
 
 A/B: with `--code old=DIR --code new=DIR` (each an `include/` directory, e.g. of a
 `git archive` of the commit) each run pulls once with each code, alternated, and prints
 what each took; with `--cgtime` each pull runs under that command, which prints its
-CPU-seconds (on a loaded machine wall time says little). Nothing is written to pull.md.
+CPU-seconds (on a loaded machine wall time says little); each code's first archive is kept
+as var/bench-pull/archive_<NAME> for a comparison. Nothing is written to pull.md.
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         execute(source, f"SELECT pg_drop_replication_slot('{SLOT}_{n}')")
         shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
 
+    if not rates:  # --runs 0: the backlog alone
+        return 0
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     best = min(s for s, _ in rates)
@@ -179,7 +182,12 @@ def compare_codes(args, source: str, env: dict, tb: list[str]) -> int:
                   + (f", {cpu.group(1)} CPU-s ({float(cpu.group(1)) * 1e6 / changes:.1f} CPU-us per change)"
                      if cpu else "") + f", load {os.getloadavg()[0]:.1f}", flush=True)
             execute(source, f"SELECT pg_drop_replication_slot('{SLOT}_{n}')")
-            shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
+            if run == 1:  # each code's first archive kept, to be compared (cmp of the segments)
+                shutil.rmtree(WORK / f"archive_{name}", ignore_errors=True)
+                (WORK / f"archive_{n}").rename(WORK / f"archive_{name}")
+            else:
+                shutil.rmtree(WORK / f"archive_{n}", ignore_errors=True)
+    print(f"the first pull's archive of each code: {WORK}/archive_<name>")
     return 0
 
 

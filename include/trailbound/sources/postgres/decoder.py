@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta
 from trailbound.sources.postgres.lsn import Lsn
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# a protocol timestamp (microseconds since PG_EPOCH) + this: microseconds since the Unix epoch
+PG_EPOCH_MICROS = (PG_EPOCH - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 _INT16, _INT32 = struct.Struct("!h"), struct.Struct("!i")
 _OID, _XID_OID = struct.Struct("!I"), struct.Struct("!II")
 # BEGIN (final LSN, commit time, xid) and COMMIT (flags, commit LSN, end LSN, commit time)

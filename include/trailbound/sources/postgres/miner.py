@@ -48,7 +48,7 @@ from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import decoder as d
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import ZERO, Lsn
-from trailbound.sources.postgres.reader import ROWS_PREFIX, Received, SlotReader
+from trailbound.sources.postgres.reader import ROWS_PREFIX, Micros, Received, SlotReader
 from trailbound.sources.postgres.rowjson import RowJson
 from trailbound.sources.postgres.values import converter
 
@@ -99,23 +99,6 @@ class _Relation:
         return _image(self.key_columns, self.key_convert, [values[i] for i in self.key])
 
 
-class _Micros:
-    """datetime -> microseconds since the Unix epoch, the archive's `ts`. psycopg2 gives a
-    message's send time as a naive local time; converting one costs more than the rest
-    of a row's work, so the conversion is made once per second of send times."""
-
-    def __init__(self) -> None:
-        self._second = datetime.min
-        self._base = 0
-
-    def __call__(self, moment: datetime) -> int:
-        second = moment.replace(microsecond=0)
-        # (naive times compare equal across a DST fall-back's repeated hour: fold tells them apart)
-        if second != self._second or second.fold != self._second.fold:
-            self._second, self._base = second, to_micros(second.astimezone(UTC))
-        return self._base + moment.microsecond
-
-
 _OPS = {d.Insert: "INSERT", d.Update: "UPDATE", d.Delete: "DELETE"}
 _ROW_CHANGES = (d.Insert, d.Update, d.Delete)
 
@@ -126,7 +109,6 @@ _ROW_CHANGES = (d.Insert, d.Update, d.Delete)
 # collector's to walk again and again.
 _FIELDS = tuple(name for name in RECORD_FIELDS if name != "rba")  # scn, ts, xid, parent_xid, op, table, before, after
 _WIDTH, _TS = len(_FIELDS), _FIELDS.index("ts")
-_PG_EPOCH_MICROS = to_micros(d.PG_EPOCH)  # a protocol timestamp + this: microseconds since the Unix epoch
 
 
 def _columns(rows: list) -> dict[str, list]:
@@ -193,7 +175,7 @@ class Miner:
         self.top: int | None = None     # the transaction being sent (Begin or Stream Start)
         self.streaming = False
         self.commit_micros = 0          # the non-streamed transaction's commit time: its records' ts
-        self.micros = _Micros()
+        self.micros = Micros()
         self.sent: dict[int, _Sent] = {}  # top xid -> what this pull was sent of it
         self._sent_top, self._sent_now = object(), None  # the last one looked up
         self.rows: list = []            # the next segment's records, flat (_FIELDS, "ts" in microseconds)
@@ -239,26 +221,42 @@ class Miner:
         # Type, Origin and any other logical Message carry nothing the archive holds.
         self._cut_if_full()
 
-    def handle_raw(self, message, decoding: d.Decoder) -> None:
-        """One message as the slot sent it (psycopg2's ReplicationMessage: data_start,
-        send_time, payload). A row change (nearly every message) goes from its bytes to the
-        archive's JSON in one pass (rowjson.py), its images made only when the archive does
-        not hold it yet (the bytes are read whatever: a malformed message is refused).
-        (No Lsn, datetime, decoded message or call not needed per change: each one cost
-        the pull a few %.)"""
-        data = message.payload
-        lsn = message.data_start
-        if lsn > self.last_lsn:
-            self.last_lsn = lsn
-        kind = data[0]
-        if kind not in d.ROW_CHANGES:
-            self._not_a_row_change(lsn, kind, message, decoding)
-            return
-        txn = self._admit(lsn, message)
-        kind, sent_xid, oid, old_kind, old, new = d.row_change(data, decoding.in_stream, self.tuple_readers)
-        if txn is not None:
-            xid = self._account(txn, lsn, sent_xid)
-            relation = self.relations[oid]
+    def handle_batch(self, messages: list, decoding: d.Decoder) -> None:
+        """Messages as the slot sent them (reader.SlotReader.batches: data_start, wal_end,
+        send time in protocol microseconds, pgoutput bytes). A row change (nearly every
+        message) goes from its bytes to the archive's JSON in one pass (rowjson.py), its
+        images made only when the archive does not hold it yet (the bytes are read
+        whatever: a malformed message is refused). A batch per call, and `_account` and
+        `_emit` inline for row changes: per change, no Lsn, datetime, decoded message, call
+        or look-up that is not needed (each one cost the pull a few %)."""
+        readers, relations, row_change, row_kinds = self.tuple_readers, self.relations, d.row_change, d.ROW_CHANGES
+        admit, result, epoch = self._admit, self.result, d.PG_EPOCH_MICROS
+        for lsn, _, sent, data in messages:
+            if lsn > self.last_lsn:
+                self.last_lsn = lsn
+            kind = data[0]
+            if kind not in row_kinds:
+                self._not_a_row_change(lsn, kind, data, sent, decoding)
+                continue
+            streaming = self.streaming
+            ts = sent + epoch if streaming else self.commit_micros
+            txn = admit(lsn, ts)
+            kind, sent_xid, oid, old_kind, old, new = row_change(data, decoding.in_stream, readers)
+            if txn is None:
+                continue
+            # _account
+            if lsn == txn.last_lsn:
+                txn.at_last_lsn += 1
+            else:
+                txn.last_lsn, txn.at_last_lsn = lsn, 1
+            top = self.top
+            if not streaming or sent_xid is None or sent_xid == top:
+                xid, parent = str(top), None
+            else:
+                span = txn.subxids.setdefault(str(sent_xid), [lsn, lsn])
+                span[1] = max(span[1], lsn)
+                xid, parent = str(sent_xid), str(top)
+            relation = relations[oid]
             if not relation.resolved:
                 self._resolve(relation, lsn)
             images = relation.json
@@ -272,28 +270,31 @@ class Miner:
                 before = images.key_image(old) if old_kind == 0x4B else images.image(old)
             if relation.heartbeat and after is not None:
                 after = heartbeat.archived(after, datetime.now(UTC))
-            top = self.top
-            self._emit(lsn, self.micros(message.send_time) if self.streaming else self.commit_micros, xid,
-                       None if xid == top else top, op, relation.name, before, after)
-            self.result.changes += 1
-        if self.full:  # (_cut_if_full, inline)
-            self.cut(Lsn(self.floor + 1))
+            # _emit
+            if lsn > self.floor:
+                self.floor = lsn
+            rows = self.rows
+            rows += (self.floor, ts, xid, parent, op, relation.name, before, after)
+            self.buffer_bytes += 64 + len(before or "") + len(after or "")
+            result.changes += 1
+            if (len(rows) >= self.limit_fields or self.buffer_bytes >= self.limit_bytes
+                    or ts - rows[_TS] >= self.limit_micros):
+                self.cut(Lsn(self.floor + 1))
 
-    def _not_a_row_change(self, lsn: int, kind: int, message, decoding: d.Decoder) -> None:
+    def _not_a_row_change(self, lsn: int, kind: int, data: bytes, sent: int, decoding: d.Decoder) -> None:
         """BEGIN and COMMIT (one each per transaction) read as plain ints; anything else
         decoded and handled as a typed message."""
-        data = message.payload
         if kind == 0x42 and len(data) == d.BEGIN.size + 1:  # 'B'
             _, micros, xid = d.BEGIN.unpack_from(data, 1)
             self.top, self.streaming = xid, False
-            self.commit_micros = micros + _PG_EPOCH_MICROS
+            self.commit_micros = micros + d.PG_EPOCH_MICROS
         elif kind == 0x43 and len(data) == d.COMMIT.size + 1:  # 'C'
             _, commit_lsn, _, micros = d.COMMIT.unpack_from(data, 1)
-            self._end(self.top, "COMMIT", Lsn(commit_lsn), micros + _PG_EPOCH_MICROS)
+            self._end(self.top, "COMMIT", Lsn(commit_lsn), micros + d.PG_EPOCH_MICROS)
             self.top = None
             self._cut_if_full()
         else:
-            self.handle(Received(Lsn(lsn), message.send_time, decoding.decode(data)))
+            self.handle(Received(Lsn(lsn), d.pg_time(sent), decoding.decode(data)))
 
     def _relation(self, message: d.Relation, lsn: Lsn) -> None:
         """A table's columns as of the changes that follow: its readers are built again
@@ -346,10 +347,10 @@ class Miner:
         name = definition["name"]
         columns = tuple(Column(c["name"], c["type"], bool(c["nullable"])) for c in definition["columns"])
         key = tuple(definition["key"])
-        lsn = received.lsn.value
+        lsn, ts = received.lsn.value, self._ts(received)
         first = True
         for row in document["rows"] or [None]:
-            txn = self._admit(lsn, received)
+            txn = self._admit(lsn, ts)
             if txn is None:
                 continue
             table = self.defs.get(name)
@@ -362,16 +363,16 @@ class Miner:
             image = encode_json(row)
             if heartbeat.is_heartbeat(name):
                 image = heartbeat.archived(image, datetime.now(UTC))
-            self._emit(lsn, self._ts(received), xid, None, "INSERT", name, None, image)
+            self._emit(lsn, ts, xid, None, "INSERT", name, None, image)
             self.result.changes += 1
 
     def _change(self, message, received: Received) -> None:
-        lsn = received.lsn.value
-        txn = self._admit(lsn, received)
+        lsn, ts = received.lsn.value, self._ts(received)
+        txn = self._admit(lsn, ts)
         if txn is None:
             return
         xid = self._account(txn, lsn, message.xid)
-        ts, parent = self._ts(received), None if xid == self.top else self.top
+        parent = None if xid == self.top else self.top
         if isinstance(message, d.Truncate):
             for oid in message.relation_oids:
                 self._emit(lsn, ts, xid, parent, "TRUNCATE", self.relations[oid].name, None, None)
@@ -385,9 +386,9 @@ class Miner:
             self._emit(lsn, ts, xid, parent, _OPS[type(message)], relation.name, before, after)
         self.result.changes += 1
 
-    def _admit(self, lsn: int, sent) -> miner_state.Txn | None:
-        """A change of the transaction being sent, at `lsn` (`sent`: the message, for its
-        send_time): its transaction's state, or None when the archive holds it already
+    def _admit(self, lsn: int, ts: int) -> miner_state.Txn | None:
+        """A change of the transaction being sent, at `lsn` (`ts`: its record's, in
+        microseconds): its transaction's state, or None when the archive holds it already
         (the slot sent it again)."""
         top = self.top
         if top != self._sent_top:  # looked up once per transaction sent, not per change
@@ -402,7 +403,7 @@ class Miner:
         txn = self.state.txns.get(top)
         if txn is None:
             txn = self.state.txns[top] = miner_state.Txn(streamed=self.streaming,
-                                                         first_time=from_micros(self._ts(sent)).isoformat())
+                                                         first_time=from_micros(ts).isoformat())
         elif txn.ended is not None or lsn < txn.last_lsn or (lsn == txn.last_lsn and seen.count <= txn.at_last_lsn):
             self.result.resent += 1
             return None
@@ -563,7 +564,7 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
     result = PullResult(source)
     state = miner_state.load(archive)
     defs = load_defs(archive)
-    message = None  # the last message read
+    message = None  # the last message read: (data_start, wal_end, send time, payload)
     try:
         with SlotReader(dsn, slot, publication) as reader:
             if state.slot != slot:
@@ -594,8 +595,9 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
             miner = Miner(archive, defs, limits, state, type_name, result, catalog)
             decoding = d.Decoder()
             with _collector_paused():
-                for message in reader.messages(until, patience=patience):
-                    miner.handle_raw(message, decoding)
+                for batch in reader.batches(until, patience=patience):
+                    message = batch[-1]
+                    miner.handle_batch(batch, decoding)
             _close(miner, reader, result, started)
             result.new_versions = miner.new_versions
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:  # the connection, not a refusal
@@ -604,7 +606,7 @@ def pull(source: str, archive: Path, dsn: str, slot: str, publication: str, limi
         # The source ended the session (a restart, a failover, pg_terminate_backend) or the
         # network did. The slot is confirmed only to what the archive holds, so what this
         # pull read and did not archive is sent again to the next one.
-        raise TrailboundError(f"source {source}: the connection to the source failed after LSN {Lsn(message.data_start)}: "
+        raise TrailboundError(f"source {source}: the connection to the source failed after LSN {Lsn(message[0])}: "
                               f"{' '.join((exc.pgerror or str(exc)).split())}; the next pull reads again "
                               "from the slot's confirmed position") from None
     return result

@@ -79,10 +79,10 @@ class MinerState:
     def _txn_text(self, item: tuple[int, Txn]) -> str:
         xid, txn = item
         if txn.ended is None:
-            return f'"{xid}":{encode_json(vars(txn))}'
+            return f'"{xid}":{_txn_json(txn)}'
         known = self._ended_text.get(xid)
         if known is None or known[0] is not txn:
-            known = self._ended_text[xid] = (txn, f'"{xid}":{encode_json(vars(txn))}')
+            known = self._ended_text[xid] = (txn, f'"{xid}":{_txn_json(txn)}')
         return known[1]
 
     @classmethod
@@ -99,6 +99,20 @@ class MinerState:
         below = lsn.value
         self.txns = {xid: txn for xid, txn in self.txns.items() if txn.ended is None or txn.ended >= below}
         self._ended_text.clear()
+
+
+def _txn_json(txn: Txn) -> str:
+    """encode_json(vars(txn)), the text written directly for a transaction without
+    subtransactions (nearly all: encoding their dicts was half of writing the state)."""
+    if txn.aborted_subxids or txn.subxids:
+        return encode_json(vars(txn))
+    return (f'{{"last_lsn":{txn.last_lsn},"at_last_lsn":{txn.at_last_lsn},'
+            f'"streamed":{"true" if txn.streamed else "false"},"ended":{"null" if txn.ended is None else txn.ended},'
+            f'"first_time":{"null" if txn.first_time is None else _quote(txn.first_time)},'
+            '"aborted_subxids":[],"subxids":{}}')
+
+
+_quote = json.encoder.encode_basestring  # the encoder's own (ensure_ascii=False), as encode_json's
 
 
 def state_dir(archive: Path) -> Path:
