@@ -144,15 +144,16 @@ def main() -> int:
         f"home: {work}\nsources:\n  BENCH:\n    altarchivelogdest: archive\n"
         "extracts:\n  EXT1:\n    source: BENCH\n    exttrail: dirdat/lt\n"
         "    table: [\"shop.*\", \"hr.*\"]\n    megabytes: 256\n")
-    server, remote, server_start = None, None, None
+    server, server_group, remote, server_start = None, None, None, None
     if "connect" in args.variants:
         from trailbound.devtools.sparkconnect import ConnectServer
 
         server = ConnectServer(REPO / "var" / "bench" / "capture-cli-connect")
         shutil.rmtree(server.directory, ignore_errors=True)
+        server_group = CpuGroup("server")  # the server's JVM and its Python workers stay in it
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "trailbound.devtools.sparkconnect", "start", str(server.directory)],
-                       check=True, env=_environment(work, None), cwd=REPO)
+                       check=True, env=_environment(work, None), cwd=REPO, preexec_fn=server_group.preexec())
         server_start = time.perf_counter() - started
         remote = server.url
     load_before = os.getloadavg()[0]
@@ -160,10 +161,10 @@ def main() -> int:
     try:
         for repeat in range(1, args.repeat + 1):
             for variant in args.variants:
-                server_cpu = _server_cpu(server) if variant == "connect" else None
+                server_cpu = server_group.seconds() if variant == "connect" else None
                 for row in one_round(work, variant, remote if variant == "connect" else None):
                     if server_cpu is not None:
-                        now = _server_cpu(server)
+                        now = server_group.seconds()
                         row["server_cpu_s"], server_cpu = now - server_cpu, now
                     row["repeat"] = repeat
                     rows.append(row)
@@ -174,29 +175,9 @@ def main() -> int:
         if server is not None:
             subprocess.run([sys.executable, "-m", "trailbound.devtools.sparkconnect", "stop", str(server.directory)],
                            env=_environment(work, None), cwd=REPO)
+            server_group.close()
     report(rows, args, server_start, load_before, os.getloadavg()[0])
     return 0
-
-
-def _server_cpu(server) -> float:
-    """CPU-seconds of the Connect server's process tree so far (its JVM and its Python
-    workers, live ones: finished workers' time is in the JVM's children's counters)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    root = int(server.pid_file.read_text())
-    for pid in [root] + _descendants(root):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
-    return total
-
-
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()
-    children = [int(p) for p in out]
-    return children + [d for c in children for d in _descendants(c)]
 
 
 def report(rows: list[dict], args, server_start: float | None, load_before: float, load_after: float) -> None:
