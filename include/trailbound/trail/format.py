@@ -809,6 +809,23 @@ def _image_decoder(parquet: pq.ParquetFile, number: int, path, first: int) -> Ca
     return decode
 
 
+def read_columns(path: Path | str, columns: list[str], *, fs=None) -> Iterator[pa.Table]:
+    """Some columns of a trail file, a row group at a time, for a reader that has already
+    checked the file's bytes against its recorded SHA-256 (a pump counting its copy): no
+    other check here, and memory bounded by a row group of those columns, not the file. A
+    local file is read from disk as it goes; another filesystem's bytes are fetched whole."""
+    from trailbound import files as trailfs
+
+    location = str(path)
+    source = trailfs.local_path(location) if trailfs.is_local(location) else pa.BufferReader(fs.read_bytes(location))
+    try:
+        parquet = pq.ParquetFile(source)
+        for number in range(parquet.num_row_groups):
+            yield parquet.read_row_group(number, columns=columns)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TrailError(path, f"damaged trail file: {_one_line(exc)}", rba=0) from None
+
+
 def iter_records(path: Path, from_rba: int = 0, count: int | None = None) -> Iterator[dict]:
     table = read_file(path)
     end = len(table) if count is None else min(len(table), from_rba + count)
