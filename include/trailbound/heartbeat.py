@@ -158,12 +158,12 @@ def latest(cur, group: str | None = None) -> list[Beat]:
 def history(cur, group: str | None = None, since: datetime | None = None, limit: int = 500,
             source: str | None = None) -> list[Beat]:
     """Heartbeats applied, oldest first: the last `limit` (of `group`, of `source`, since
-    `since`)."""
+    `since`). The beats one target transaction applied share its applied_at: seq orders them."""
     cur.execute("SELECT * FROM (SELECT * FROM trailbound.heartbeat_history"
                 " WHERE (%(group)s::text IS NULL OR group_name = %(group)s)"
                 " AND (%(source)s::text IS NULL OR source = %(source)s)"
                 " AND (%(since)s::timestamptz IS NULL OR applied_at >= %(since)s)"
-                " ORDER BY applied_at DESC NULLS LAST LIMIT %(limit)s) h ORDER BY applied_at",
+                " ORDER BY applied_at DESC NULLS LAST, seq DESC LIMIT %(limit)s) h ORDER BY applied_at, seq",
                 {"group": group, "since": since, "limit": limit, "source": source})
     return [from_row(row) for row in cur.fetchall()]
 
