@@ -38,11 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_capture import _archive  # noqa: E402  the same deterministic archives
+from bench_live_postgres import CpuGroup  # noqa: E402  a cpuacct cgroup per process tree
 from benchdb import fresh_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "capture-cli.md"
-CGROOT = Path("/sys/fs/cgroup/cpuacct")
 
 PLAIN_JOB = """
 import sys
@@ -56,47 +56,10 @@ print("plain: wrote", out)
 """
 
 
-class CpuGroup:
-    """A cpuacct cgroup a child process is started in: the CPU-seconds of everything it
-    starts, JVMs and Python workers included (None where cgroups v1 is not mounted)."""
-
-    def __init__(self, name: str):
-        self.path = CGROOT / f"bench-capture-cli.{os.getpid()}.{name}"
-        self.available = CGROOT.is_dir()
-        if self.available:
-            self.path.mkdir(exist_ok=True)
-
-    def preexec(self):
-        if not self.available:
-            return None
-        path = self.path / "cgroup.procs"
-        return lambda: path.write_text(str(os.getpid()))
-
-    def seconds(self) -> float | None:
-        if not self.available:
-            return None
-        return int((self.path / "cpuacct.usage").read_text()) / 1e9
-
-    def close(self) -> None:
-        if not self.available:
-            return
-        for _ in range(50):  # a JVM may still be exiting after its Python parent
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                try:
-                    (CGROOT / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.2)
-
-
 def timed(name: str, command: list[str], env: dict[str, str]) -> dict:
     group = CpuGroup(name)
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=group.preexec())
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=group.enter)
     wall = time.perf_counter() - started
     cpu = group.seconds()
     group.close()
@@ -153,7 +116,7 @@ def main() -> int:
         server_group = CpuGroup("server")  # the server's JVM and its Python workers stay in it
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "trailbound.devtools.sparkconnect", "start", str(server.directory)],
-                       check=True, env=_environment(work, None), cwd=REPO, preexec_fn=server_group.preexec())
+                       check=True, env=_environment(work, None), cwd=REPO, preexec_fn=server_group.enter)
         server_start = time.perf_counter() - started
         remote = server.url
     load_before = os.getloadavg()[0]
