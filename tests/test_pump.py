@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg2
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pump_kit import (SourceTrail, changes, committed_files, load, pump_state, read_trail, records_of, set_reader,
@@ -26,7 +27,7 @@ from trailbound.trail import format as trail
 from trailbound import files as trailfs
 from trailbound.crash import CRASH_ENV
 from trailbound.errors import ConfigError, TrailboundError
-from trailbound.pump.filter import filter_records
+from trailbound.pump.filter import filter_parts, filter_records
 from trailbound.pump.run import CRASH_POINTS, run_pump
 from trailbound.positions import TrailPosition
 from trailbound.trail.purge import Reader, decide, purge_trails
@@ -71,6 +72,41 @@ def test_a_table_filter_keeps_whole_transactions_and_rewrites_their_boundaries(p
                                 ("D", trail.MIDDLE, "shop.orders", 10), ("D", trail.END, "shop.orders", 11)]
     assert [r["rba"] for r in records] == [0, 1, 2, 3, 4, 5]
     assert [r["src_rba"] for r in records] == [107, 109, 128, 137, 138, 139], "the records themselves are untouched"
+
+
+def test_a_table_filter_fed_a_part_at_a_time_gives_what_it_gives_the_whole_file():
+    rows, _ = records_of([
+        ("A", [("shop.orders", 1), ("hr.salaries", 2), ("shop.orders", 3)]),
+        ("B", [("hr.salaries", 4), ("hr.salaries", 5)]),
+        ("C", [("hr.salaries", 6), ("shop.orders", 7), ("hr.salaries", 8)]),
+        ("D", [("shop.orders", 9), ("shop.orders", 10), ("shop.orders", 11)]),
+    ], 100)
+    table = pa.Table.from_pylist(rows, trail.SCHEMA)
+    whole = filter_records(table, ["shop.*"]).to_pylist()
+    assert len(whole) == 6
+    for first in range(len(table) + 1):  # every way to cut the file into three parts, empty ones too
+        for second in range(first, len(table) + 1):
+            parts = [table.slice(0, first), table.slice(first, second - first), table.slice(second)]
+            streamed = [record for part in filter_parts(parts, ["shop.*"]) for record in part.to_pylist()]
+            assert streamed == whole, f"cut at {first} and {second}"
+
+
+def test_a_filtering_pump_ships_a_file_of_many_row_groups_a_row_group_at_a_time(tmp_path, store):
+    config, source = _setup(tmp_path, store, FILTERED)
+    big = [("shop.orders" if key % 3 else "hr.salaries", key) for key in range(9_000)]
+    info = source.add_file([("A", big), ("B", [("hr.salaries", 9_001)]), ("C", [("shop.orders", 9_002)])])
+    assert pq.ParquetFile(info.path).num_row_groups > 1
+
+    run_pump(None, store, config, "PMP1")
+    shipped = committed_files(store, str(tmp_path / "remote" / "rt"))
+    assert [(r["seqno"], r["records"]) for r in shipped] == [(1, 6_001)]
+    assert pq.ParquetFile(shipped[0]["path"]).num_row_groups > 1
+    records = read_trail(store, str(tmp_path / "remote" / "rt"))
+    kept = [key for key in range(9_000) if key % 3]
+    assert changes(records) == ([("A", trail.BEGIN, "shop.orders", kept[0])]
+                                + [("A", trail.MIDDLE, "shop.orders", key) for key in kept[1:-1]]
+                                + [("A", trail.END, "shop.orders", kept[-1]), ("C", trail.WHOLE, "shop.orders", 9_002)])
+    assert [r["rba"] for r in records] == list(range(6_001))
 
 
 # ---------------------------------------------------------------- shipping

@@ -24,6 +24,9 @@ by `trailbound extract run` (a child process: the driver, its JVM and the Python
 Spark starts, each sampled), wall time and peak RSS per process. With
 PYSPARK_SUBMIT_ARGS=--driver-memory 1g (Spark's default, said explicitly).
 
+Pump (`--stages pump`): the replicat stage's trail shipped by `trailbound pump run`,
+PASSTHRU and through a TABLE filter that keeps every record; peak RSS of each.
+
 Trail write (`--stages trailwrite`): what a capture task runs, alone in a process of its
 own: trail.format.write_planned_files over 10,000-record batches of ONE transaction of N
 INSERTs, with capture's copy lines and table versions; its peak RSS and CPU.
@@ -291,6 +294,51 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
                         "tree": tree, "said": line, "digest": digest, "count": count})
     digests = {r["digest"] for r in results}
     assert len(digests) == 1, f"the engines left different targets: {digests}"
+    shutil.rmtree(home / "dirdat", ignore_errors=True)
+    return results
+
+
+# ---------------------------------------------------------------- pump: the same trail shipped, whole and filtered
+
+def bench_pump(rows: int, engines: dict[str, Path], work: Path, servers) -> list[dict]:
+    """The replicat stage's trail (ONE transaction of N UPDATEs) shipped by `trailbound
+    pump run`: PASSTHRU (a copy, read back and counted) and with a TABLE filter that
+    keeps every record (the filtered path's worst case: the whole file read, rewritten
+    and counted)."""
+    from trailbound.metadata import MetadataStore
+
+    home = work / f"pump-{rows}"
+    shutil.rmtree(home, ignore_errors=True)
+    prefix = home / "dirdat" / "lt"
+    files = write_update_trail(rows, prefix)
+    print(f"pump {rows:,}: trail of one transaction written ({len(files)} file(s), "
+          f"{sum(f.bytes for f in files) / 2**20:.0f} MB)", flush=True)
+    (home / "trailbound.yaml").write_text(
+        f"home: {home}\nsources:\n  BENCH:\n    altarchivelogdest: {work / 'archive'}\npumps:\n"
+        f"  PASSTHRU: {{exttrail: dirdat/lt, rmttrail: dirdat/rp}}\n"
+        f"  FILTERED: {{exttrail: dirdat/lt, rmttrail: dirdat/rf, table: [shop.orders]}}\n")
+    results = []
+    for name, include in engines.items():
+        meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}_{work.name}".replace("-", "_"))
+        with MetadataStore.open(meta_dsn) as store, store.transaction() as cur:
+            for f in files:
+                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
+                            " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
+                            (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
+                             str(f.last_csn), f.log_bsn.value))
+        env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn}
+        for group in ("PASSTHRU", "FILTERED"):
+            seconds, cpu, peaks, tree, out, _ = run_measured(
+                [sys.executable, "-m", "trailbound.cli", "--config", str(home / "trailbound.yaml"), "pump", "run",
+                 group], env)
+            line = out.strip().splitlines()[-1] if out.strip() else ""
+            print(f"  {name} {group}: {seconds:.1f} s wall, {cpu:.1f} s CPU, "
+                  f"peaks {({k: mb(v) for k, v in peaks.items()})}\n    {line}", flush=True)
+            results.append({"stage": f"pump {group}", "rows": rows, "engine": name, "seconds": seconds, "cpu": cpu,
+                            "peaks": peaks, "tree": tree, "said": line})
+        for directory in ("rp", "rf"):
+            for shipped in (home / "dirdat").glob(f"{directory}*"):
+                shipped.unlink()
     shutil.rmtree(home / "dirdat", ignore_errors=True)
     return results
 
@@ -607,7 +655,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_500_000])
     parser.add_argument("--engines", nargs="+", default=[f"after={REPO / 'include'}"],
                         help="NAME=INCLUDE_DIR, each run in turn on the same trail")
-    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "capture", "trailwrite", "live", "br"])
+    parser.add_argument("--stages", nargs="+", default=["replicat"], choices=["replicat", "pump", "capture", "trailwrite", "live", "br"])
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "huge",
                         help="the runs' directory (one per concurrent run of this script)")
@@ -627,6 +675,8 @@ def main() -> int:
     for rows in args.rows:
         if "replicat" in args.stages:
             results += bench_replicat(rows, engines, work, defs, servers)
+        if "pump" in args.stages:
+            results += bench_pump(rows, engines, work, servers)
         if "capture" in args.stages:
             results += bench_capture(rows, engines, work, servers)
         if "trailwrite" in args.stages:

@@ -43,7 +43,7 @@ from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, Scn, TrailPosition
 from trailbound.pump import checkpoints as pck
 from trailbound.pump.checkpoints import PumpState, Shipped, ensure_pump, pump_lock
-from trailbound.pump.filter import filter_records
+from trailbound.pump.filter import filter_parts
 from trailbound import runcounts
 from trailbound.runcounts import TableCounts, count_ops
 from trailbound.tables import table_spec
@@ -164,23 +164,21 @@ class _Run:
         if self.patterns is None:
             local = self._local_copy(row)
             expected, records, bytes_ = row["sha256"], row["records"], row["bytes"]
-            transactions = None  # counted once the copy is verified: a damaged file is named first
             first_csn, last_csn = Csn.parse(row["first_csn"]), Csn.parse(row["last_csn"])
         else:
-            table = trails.read_file(row["path"], fs=self.source_fs, sha256=row["sha256"])
-            kept = filter_records(table, self.patterns)
-            if len(kept) == 0:
+            # Read, filtered and written a row group at a time: a file holds whole
+            # transactions, and one transaction can be millions of records.
+            parts = trails.read_parts(row["path"], sha256=row["sha256"], records=row["records"], fs=self.source_fs)
+            _, name = trailfs.split(self.state.rmttrail)
+            info = trails.write_streamed_file(self.staging / name, remote_seqno, filter_parts(parts, self.patterns),
+                                              group=self.state.group, log_bsn=log_bsn)
+            if info is None:  # none of the file's tables is selected
                 self._commit(row, None, None)
                 return
-            _, name = trailfs.split(self.state.rmttrail)
-            info = trails.write_file(self.staging / name, remote_seqno, kept, group=self.state.group,
-                                     log_bsn=log_bsn)
             local, expected, records, bytes_ = info.path, info.sha256, info.records, info.bytes
-            transactions = trails.transactions_in(kept)
             first_csn, last_csn = info.first_csn, info.last_csn
         self._copy_verified(local, expected, records, bytes_, target, row)
-        if transactions is None:
-            transactions = trails.count_transactions(local)
+        transactions = trails.count_transactions(local)  # once the copy is verified: a damaged file is named first
         remote = trails.TrailFileInfo(remote_seqno, target, records, bytes_, expected, first_csn, last_csn,
                                       log_bsn)
         self._commit(row, remote, last_csn)

@@ -215,6 +215,22 @@ def write_file(prefix: Path, seqno: int, table: pa.Table, *, group: str, log_bsn
         return writer.close(layouts)
 
 
+def write_streamed_file(prefix: Path, seqno: int, parts: Iterable[pa.Table], *, group: str,
+                        log_bsn: Scn) -> TrailFileInfo | None:
+    """write_file of records that come a part at a time (their rbas and indicators set,
+    the copy lines' layouts on the first part's copy_line field): the writer holds a row
+    group, never the file. None, and nothing written, when no record came."""
+    row_groups = _cut_row_groups(batch for part in parts for batch in part.to_batches())
+    first = next(row_groups, None)
+    if first is None:
+        return None
+    writer = _FileWriter(prefix, seqno, group=group, log_bsn=log_bsn)
+    with writer.cleanup():
+        for records, _ in itertools.chain([first], row_groups):
+            writer.write(records)
+        return writer.close(copy_line_layouts(first[0]))
+
+
 def _complete(table: pa.Table) -> pa.Table:
     """Trail records in SCHEMA, an absent copy_line or table_version all NULL."""
     for name in ("table_version", "copy_line"):
