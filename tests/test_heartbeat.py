@@ -274,3 +274,12 @@ def test_a_live_source_beats_every_pull_and_the_target_reads_its_lag(source_dsn,
     assert float(view["incoming_lag"]) == pytest.approx((last["applied_at"] - last["written_at"]).total_seconds())
     assert 0 < float(view["incoming_lag"]) < 900
     assert "Heartbeat from PG (seq 4" in _cli(capsys, config_path, "lag", "replicat", "REP1")
+
+    # DELETE HEARTBEATTABLE: gone from the source and its publication; pulls stop beating
+    assert "heartbeat table trailbound.trailbound_heartbeat dropped" in _cli(
+        capsys, config_path, "delete", "heartbeattable", "PG")
+    assert query(source_dsn, "SELECT to_regclass('trailbound.trailbound_heartbeat')") == [(None,)]
+    after = pull(config, "PG", patience=10)
+    assert (after.changes, after.commits, after.published) == (0, 0, []), after.describe()
+    assert cli.main(["--config", str(config_path), "delete", "heartbeattable", "PG"]) == 1
+    assert "no heartbeat table trailbound.trailbound_heartbeat on source PG" in capsys.readouterr().err

@@ -46,7 +46,7 @@ USAGE = """The `trailbound` command line. Its verbs mirror GGSCI's where GoldenG
     trailbound simulate                      write the simulated source's archive
     trailbound add|delete|info source SRC    a live PostgreSQL source: publication, slot, defs.json
     trailbound archive pull SRC              archive a PostgreSQL source's WAL through its slot
-    trailbound add heartbeattable SRC        a heartbeat table each pull writes: end-to-end lag (lag, info all)
+    trailbound add|delete heartbeattable SRC a heartbeat table each pull writes: end-to-end lag (lag, info all)
     trailbound replicate SRC [--follow]      pull, capture, pump and replicat at once until caught up
     trailbound compare SRC REP1 [--table P]  compare source and target tables (Veridata-style), confirm
                                              differences once replicat is past them; --repair-script FILE

@@ -1,5 +1,5 @@
 """A live PostgreSQL source: `trailbound archive pull SRC`, `add|delete|alter|info source SRC`
-and `add heartbeattable SRC`."""
+and `add|delete heartbeattable SRC`."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def add_heartbeattable(ctx: Context) -> int:
     from trailbound.sources.postgres.admin import add_heartbeat_table
 
     print(add_heartbeat_table(ctx.config, ctx.args.source, ctx.args.schema))
+    return 0
+
+
+def delete_heartbeattable(ctx: Context) -> int:
+    from trailbound.sources.postgres.admin import delete_heartbeat_table
+
+    print(delete_heartbeat_table(ctx.config, ctx.args.source, ctx.args.schema))
     return 0
 
 
@@ -88,8 +95,11 @@ def arguments(archive, kinds) -> None:
                                  help="your consent: the changes between the archive's end and where the slot "
                                       "resumes are lost; the slot is made again if it is gone (then load the "
                                       "tables again; docs/live-postgres.md, \"When the slot is lost\")")
-    command = verb(kinds["add"], "heartbeattable", add_heartbeattable,
-                   "a PostgreSQL source's heartbeat table (ADD HEARTBEATTABLE): each pull writes it, replicat "
-                   "records its lag end to end (docs/heartbeat.md)")
-    command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
-    command.add_argument("--schema", default="trailbound", help="the schema it is created in (default trailbound)")
+    for word, handler, text in (
+            ("add", add_heartbeattable, "a PostgreSQL source's heartbeat table (ADD HEARTBEATTABLE): each pull "
+                                        "writes it, replicat records its lag end to end (docs/heartbeat.md)"),
+            ("delete", delete_heartbeattable, "drop a PostgreSQL source's heartbeat table (DELETE HEARTBEATTABLE): "
+                                              "pulls stop writing it")):
+        command = verb(kinds[word], "heartbeattable", handler, text)
+        command.add_argument("source", nargs="?", help="source name (default: the only one configured)")
+        command.add_argument("--schema", default="trailbound", help="the table's schema (default trailbound)")

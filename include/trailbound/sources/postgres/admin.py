@@ -453,6 +453,18 @@ def add_heartbeat_table(config: Config, name: str, schema: str = heartbeat.DEFAU
             "every pull writes its row before it reads the slot (`trailbound lag replicat G` shows the lag)")
 
 
+def delete_heartbeat_table(config: Config, name: str, schema: str = heartbeat.DEFAULT_SCHEMA) -> str:
+    """`delete heartbeattable SRC`: the source's heartbeat table dropped (heartbeat.drop)."""
+    source = config.source_name(name)
+    connection = connect(config, source)
+    try:
+        table = heartbeat_table.drop(connection, source, schema)
+    finally:
+        connection.close()
+    return (f"SOURCE {source}: heartbeat table {table} dropped; pulls no longer write a heartbeat (the target keeps "
+            "the heartbeats it applied)")
+
+
 def pull(config: Config, name: str, *, patience: float = 60.0, dsn: str | None = None):
     """`archive pull`: the slot's changes into archive segments (the source's DSN from
     `dsn_env`, or `dsn`). Tables that came to match `table:` since the last pull, and a

@@ -14,6 +14,7 @@ from __future__ import annotations
 from psycopg2 import sql
 
 from trailbound import heartbeat
+from trailbound.errors import TrailboundError
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {schema};
@@ -36,6 +37,25 @@ def create(connection, source: str, schema: str) -> str:
         cur.execute(sql.SQL("INSERT INTO {} (source, seq, written_at) VALUES (%s, 1, clock_timestamp())"
                             " ON CONFLICT (source) DO NOTHING").format(table), (source,))
     return f"{schema}.{heartbeat.TABLE}"
+
+
+def drop(connection, source: str, schema: str) -> str:
+    """DELETE HEARTBEATTABLE: the heartbeat table dropped (with it, from every publication,
+    so no pull writes or re-publishes it). Refused while it holds another source's row:
+    the table is theirs too."""
+    table = sql.Identifier(schema, heartbeat.TABLE)
+    name = f"{schema}.{heartbeat.TABLE}"
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s)", (table.as_string(cur),))
+        if cur.fetchone()[0] is None:
+            raise TrailboundError(f"no heartbeat table {name} on source {source}")
+        cur.execute(sql.SQL("SELECT source FROM {} WHERE source <> %s ORDER BY source").format(table), (source,))
+        others = [row[0] for row in cur.fetchall()]
+        if others:
+            raise TrailboundError(f"heartbeat table {name} also holds the heartbeat of {', '.join(others)}: "
+                                  "drop it when no source uses it (nothing was changed)")
+        cur.execute(sql.SQL("DROP TABLE {}").format(table))
+    return name
 
 
 def published(connection, publication: str) -> list[str]:
