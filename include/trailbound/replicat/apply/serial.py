@@ -102,10 +102,20 @@ def _install_quiet_copy_hook() -> None:
 _UNIT = "\x00unit\x00"
 
 
+def staging_layout(plan: TablePlan) -> tuple:
+    """What a table's staging table holds: the types of its origin key and of its
+    columns. Tables that agree on it share one staging table, each row led by its table:
+    hundreds of tables in a few layouts create, clear, COPY into and ANALYZE a few
+    staging tables per chunk, not hundreds (each a round trip and catalog work)."""
+    return tuple(plan.type_of(k) for k in plan.key), plan.types
+
+
 @dataclass
 class _Staging:
-    """The session's temporary tables and statements for one target table. The staging
-    table holds a whole chunk's staged rows (kinds D, U, M), each with its unit."""
+    """One target table's statements against the session's temporary tables for its
+    staging layout (`staging_layout`, numbered `number`): the staging table holds a whole
+    chunk's staged rows (kinds D, U, M) of every table of the layout, each with its
+    table and unit."""
 
     number: int
     plan: TablePlan
@@ -123,14 +133,15 @@ class _Staging:
     def ddl(self) -> sql.Composed:
         p = self.plan
         typed = lambda name, type_name: sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_name))  # noqa: E731
-        stage_columns = [sql.SQL("unit bigint"), sql.SQL("kind text"), sql.SQL("mask text")]
+        stage_columns = [sql.SQL("tbl text"), sql.SQL("unit bigint"), sql.SQL("kind text"), sql.SQL("mask text")]
         stage_columns += [typed(f"o{i}", p.type_of(k)) for i, k in enumerate(p.key, start=1)]
         stage_columns += [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
         moved_columns = [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
         # Emptied by TRUNCATE when next used, not ON COMMIT DELETE ROWS: that truncates
         # every such table at every commit (measured ~1 ms per target transaction).
-        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE INDEX ON pg_temp.{} (unit); CREATE TEMP TABLE {} ({})").format(
-            self.stage, sql.SQL(", ").join(stage_columns), self.stage, self.moved, sql.SQL(", ").join(moved_columns))
+        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE INDEX ON pg_temp.{} (unit, tbl); CREATE TEMP TABLE {} ({})"
+                       ).format(self.stage, sql.SQL(", ").join(stage_columns), self.stage, self.moved,
+                                sql.SQL(", ").join(moved_columns))
 
     def _match(self) -> sql.Composed:
         """Target row t is the row at staged origin key s.o1..ok (NULL-safe where the
@@ -146,10 +157,9 @@ class _Staging:
             i=sql.Literal(i), c=sql.Identifier(f"c{i}"), col=sql.Identifier(column))
 
     def _unit(self, kinds: str) -> sql.Composed:
-        return sql.SQL("s.unit = {} AND s.kind IN ({})").format(sql.SQL(_UNIT), sql.SQL(kinds))
-
-    def copy_stage(self) -> sql.Composed:
-        return sql.SQL("COPY pg_temp.{} FROM STDIN").format(self.stage)
+        return sql.SQL("s.unit = {} AND s.tbl = {} AND s.kind IN ({})").format(sql.SQL(_UNIT),
+                                                                                sql.Literal(self.plan.source),
+                                                                                sql.SQL(kinds))
 
     def copy_target(self) -> sql.Composed:
         return sql.SQL("COPY {} ({}) FROM STDIN").format(self.plan.ident, sql.SQL(", ").join(self._cols))
@@ -182,12 +192,17 @@ class _Staging:
     def clear_moved(self) -> sql.Composed:
         return sql.SQL("TRUNCATE pg_temp.{}").format(self.moved)
 
-    def clear(self) -> sql.Composed:
-        return sql.SQL("TRUNCATE pg_temp.{}, pg_temp.{}").format(self.stage, self.moved)
 
-    def analyzed(self) -> sql.Composed:
-        """The staging table as ANALYZE names it (one ANALYZE takes every staged table)."""
-        return sql.SQL("pg_temp.{}").format(self.stage)
+class _Layout:
+    """The session's temporary tables of one staging layout: their DDL and the
+    statements that load, clear and analyze them, composed once."""
+
+    def __init__(self, staging: _Staging, connection):
+        self.ddl = staging.ddl().as_string(connection)
+        self.copy_stage = sql.SQL("COPY pg_temp.{} FROM STDIN").format(staging.stage).as_string(connection)
+        self.clear = sql.SQL("TRUNCATE pg_temp.{}, pg_temp.{}").format(staging.stage, staging.moved).as_string(
+            connection)
+        self.analyzed = sql.SQL("pg_temp.{}").format(staging.stage).as_string(connection)  # one ANALYZE takes all
 
 
 class _Statements:
@@ -195,8 +210,7 @@ class _Statements:
     every identifier: about 25 ms for a table of 64 columns, so a run on hundreds of
     tables composes only what it sends); `_UNIT` stands for the unit's number."""
 
-    _NAMES = ("copy_stage", "copy_target", "select_moved", "delete", "delete_only", "update", "insert_moved",
-              "clear_moved", "clear", "analyzed")
+    _NAMES = ("copy_target", "select_moved", "delete", "delete_only", "update", "insert_moved", "clear_moved")
 
     def __init__(self, staging: _Staging, connection):
         self._staging, self._connection = staging, connection
@@ -223,43 +237,52 @@ class FastApplier:
     def __init__(self, connection, plans: dict[str, TablePlan | None]):
         self.connection = connection
         self.plans = plans
-        self._staging: dict[str, _Staging] = {}
         self._sql: dict[str, _Statements] = {}
-        self._created: set[str] = set()  # tables whose staging tables exist in this session
-        self._uncommitted: set[str] = set()  # of those, created in the open transaction
-        self._dirty: set[str] = set()    # staging tables that may hold rows
+        self._layout_of: dict[str, int] = {}     # each prepared table's staging layout, by number
+        self._numbers: dict[tuple, int] = {}     # staging_layout -> its number (its index in _layouts)
+        self._layouts: list[_Layout] = []
+        self._created: set[int] = set()  # layouts whose staging tables exist in this session
+        self._uncommitted: set[int] = set()  # of those, created in the open transaction
+        self._dirty: set[int] = set()    # layouts whose staging tables may hold rows
 
     def prepare(self, tables) -> None:
         """Compose these source tables' statements, once per session (no round trip: a
-        table's staging tables are created when it first has rows to stage)."""
+        layout's staging tables are created when it first has rows to stage)."""
         for table in tables:
-            if table not in self._staging and self.plans.get(table) is not None:
-                staging = _Staging(len(self._staging) + 1, self.plans[table])
-                self._staging[table] = staging
-                self._sql[table] = _Statements(staging, self.connection)
+            if table not in self._sql and self.plans.get(table) is not None:
+                plan = self.plans[table]
+                number = self._numbers.setdefault(staging_layout(plan), len(self._layouts))
+                if number == len(self._layouts):
+                    self._layouts.append(_Layout(_Staging(number, plan), self.connection))
+                self._layout_of[table] = number
+                self._sql[table] = _Statements(_Staging(number, plan), self.connection)
 
     def stage(self, staged: dict[str, memoryview], *, commit: bool = True) -> None:
-        """Load a chunk's staged rows (COPY text, each line led by its unit), table by
-        table, replacing the previous chunk's; committed (so is a staging table created
-        here: a rolled-back group must not take it with it). Without `commit` (a piece
-        of a long transaction after its first), inside the open target transaction: if
-        that rolls back, `rolled_back` must be called."""
+        """Load a chunk's staged rows (COPY text, each line led by its table and unit),
+        layout by layout, replacing the previous chunk's; committed (so is a staging
+        table created here: a rolled-back group must not take it with it). Without
+        `commit` (a piece of a long transaction after its first), inside the open target
+        transaction: if that rolls back, `rolled_back` must be called."""
+        layouts = self._layouts
+        payloads: dict[int, list[memoryview]] = {}
+        for table, payload in staged.items():
+            payloads.setdefault(self._layout_of[table], []).append(payload)
         with self.connection.cursor() as cur:
-            # Round trips per chunk, not per table (a chunk may touch hundreds): the
-            # clearing and the staging tables to create in one query, the COPYs, one ANALYZE.
-            ddl = [self._sql[table].clear for table in self._dirty]  # units are numbered per chunk: no stale row may match one
-            for table in staged:
-                if table not in self._created:
-                    ddl.append(self._staging[table].ddl().as_string(self.connection))
-                    self._created.add(table)
-                    self._uncommitted.add(table)
+            # Round trips per chunk, not per layout: the clearing and the staging tables
+            # to create in one query, a COPY per layout, one ANALYZE.
+            ddl = [layouts[number].clear for number in sorted(self._dirty)]  # units are numbered per chunk: no stale row may match one
+            for number in sorted(payloads):
+                if number not in self._created:
+                    ddl.append(layouts[number].ddl)
+                    self._created.add(number)
+                    self._uncommitted.add(number)
             if ddl:
                 cur.execute("; ".join(ddl))
-            self._dirty = set(staged)
-            for table, payload in staged.items():
-                _copy(cur, self._sql[table].copy_stage, payload)
-            if staged:
-                cur.execute("ANALYZE " + ", ".join(self._sql[table].analyzed for table in staged))
+            self._dirty = set(payloads)
+            for number, parts in sorted(payloads.items()):
+                _copy(cur, layouts[number].copy_stage, parts[0] if len(parts) == 1 else memoryview(b"".join(parts)))
+            if payloads:
+                cur.execute("ANALYZE " + ", ".join(layouts[number].analyzed for number in sorted(payloads)))
         if commit:
             self.connection.commit()
             self._uncommitted.clear()

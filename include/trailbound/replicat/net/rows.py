@@ -33,7 +33,7 @@ class NetRows:
     def __init__(self, parts: list[pa.Table]):
         self._buffers: list[tuple[memoryview, np.ndarray]] = []
         self.units: dict[int, list[UnitTable]] = {}
-        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its unit
+        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its table and unit
         for table in parts:
             if len(table):
                 self._add(table)
@@ -41,7 +41,8 @@ class NetRows:
 
     def _stage(self, parts: list[pa.Table]) -> None:
         """The staging table's COPY text per table: the staged lines (step 1) of every
-        part, each led by its unit."""
+        part, each led by its table (COPY text) and unit: tables whose staging rows have
+        the same types share a staging table (apply/serial.py)."""
         pieces: dict[str, list[pa.Buffer]] = {}
         for table in parts:
             if not len(table):
@@ -57,7 +58,8 @@ class NetRows:
             order = np.argsort(codes, kind="stable")
             codes = codes[order]
             staged = staged.take(pa.array(order))
-            led = pc.binary_join_element_wise(staged.column("unit").cast(pa.string()), staged.column("line"),
+            led = pc.binary_join_element_wise(copytext.copy_values(staged.column("table")),
+                                              staged.column("unit").cast(pa.string()), staged.column("line"),
                                               "\t").combine_chunks()
             dictionary = names.dictionary.to_pylist()
             cuts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1], True]).tolist()
