@@ -97,9 +97,30 @@ def _install_quiet_copy_hook() -> None:
     sys.excepthook = hook
 
 
-# Where a unit's number goes in a composed statement (PostgreSQL identifiers cannot hold
-# NUL, so the marker never collides with a quoted name).
+# Where a unit's number, a table's quoted name and its source name (a literal) go in a
+# composed statement (PostgreSQL identifiers and literals cannot hold NUL, so a marker
+# never collides with a quoted name). A statement is composed once per statement layout
+# (`_statement_layout`): hundreds of tables in a few layouts compose a few statements,
+# each put to a table's use by replacing its markers.
 _UNIT = "\x00unit\x00"
+_TARGET = sql.SQL("\x00target\x00")
+_SOURCE = sql.SQL("\x00source\x00")
+
+
+def _statement_layout(plan: TablePlan) -> tuple:
+    """What a table's statements depend on besides its names."""
+    return plan.columns, plan.types, plan.key, tuple(map(plan.nullable, plan.key)), plan.keyless
+
+
+def _names(plan: TablePlan, context) -> dict[str, str]:
+    """The table's values of the markers _TARGET and _SOURCE."""
+    return {_TARGET.string: plan.ident.as_string(context), _SOURCE.string: sql.Literal(plan.source).as_string(context)}
+
+
+def _put(template: str, names: dict[str, str]) -> str:
+    for marker, value in names.items():
+        template = template.replace(marker, value)
+    return template
 
 
 def staging_layout(plan: TablePlan) -> tuple:
@@ -158,36 +179,36 @@ class _Staging:
 
     def _unit(self, kinds: str) -> sql.Composed:
         return sql.SQL("s.unit = {} AND s.tbl = {} AND s.kind IN ({})").format(sql.SQL(_UNIT),
-                                                                                sql.Literal(self.plan.source),
+                                                                                _SOURCE,
                                                                                 sql.SQL(kinds))
 
     def copy_target(self) -> sql.Composed:
-        return sql.SQL("COPY {} ({}) FROM STDIN").format(self.plan.ident, sql.SQL(", ").join(self._cols))
+        return sql.SQL("COPY {} ({}) FROM STDIN").format(_TARGET, sql.SQL(", ").join(self._cols))
 
     def select_moved(self) -> sql.Composed:
         merged = [self._merged(i, c) for i, c in enumerate(self.plan.columns, start=1)]
         return sql.SQL("INSERT INTO pg_temp.{moved} SELECT {merged} FROM pg_temp.{stage} s JOIN {target} t ON {match}"
                        " WHERE {unit}").format(moved=self.moved, merged=sql.SQL(", ").join(merged),
-                                               stage=self.stage, target=self.plan.ident, match=self._match(),
+                                               stage=self.stage, target=_TARGET, match=self._match(),
                                                unit=self._unit("'M'"))
 
     def delete(self, kinds: str = "'D', 'M'") -> sql.Composed:
         return sql.SQL("DELETE FROM {target} t USING pg_temp.{stage} s WHERE {unit} AND {match}").format(
-            target=self.plan.ident, stage=self.stage, match=self._match(), unit=self._unit(kinds))
+            target=_TARGET, stage=self.stage, match=self._match(), unit=self._unit(kinds))
 
     def update(self) -> sql.Composed:
         sets = [sql.SQL("{} = {}").format(sql.Identifier(c), self._merged(i, c))
                 for i, c in enumerate(self.plan.columns, start=1) if c not in self.plan.key]
         if not sets:  # every column is key: nothing to set, but the rows must exist
             return sql.SQL("SELECT 1 FROM {target} t JOIN pg_temp.{stage} s ON {match} WHERE {unit}").format(
-                target=self.plan.ident, stage=self.stage, match=self._match(), unit=self._unit("'U'"))
+                target=_TARGET, stage=self.stage, match=self._match(), unit=self._unit("'U'"))
         return sql.SQL("UPDATE {target} t SET {sets} FROM pg_temp.{stage} s WHERE {unit} AND {match}").format(
-            target=self.plan.ident, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match(),
+            target=_TARGET, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match(),
             unit=self._unit("'U'"))
 
     def insert_moved(self) -> sql.Composed:
         return sql.SQL("INSERT INTO {} ({}) SELECT * FROM pg_temp.{}").format(
-            self.plan.ident, sql.SQL(", ").join(self._cols), self.moved)
+            _TARGET, sql.SQL(", ").join(self._cols), self.moved)
 
     def clear_moved(self) -> sql.Composed:
         return sql.SQL("TRUNCATE pg_temp.{}").format(self.moved)
@@ -205,10 +226,10 @@ class _Layout:
         self.analyzed = sql.SQL("pg_temp.{}").format(staging.stage).as_string(connection)  # one ANALYZE takes all
 
 
-class _Statements:
-    """One table's statements, each composed on first use, then kept (composing quotes
-    every identifier: about 25 ms for a table of 64 columns, so a run on hundreds of
-    tables composes only what it sends); `_UNIT` stands for the unit's number."""
+class _Templates:
+    """The statements of one statement layout against one staging layout, each composed
+    on first use, then kept (composing quotes every identifier: about 25 ms for a table
+    of 64 columns); markers (_UNIT, _TARGET, _SOURCE) stand for what differs."""
 
     _NAMES = ("copy_target", "select_moved", "delete", "delete_only", "update", "insert_moved", "clear_moved")
 
@@ -221,6 +242,19 @@ class _Statements:
         composed = self._staging.delete("'D'") if name == "delete_only" else getattr(self._staging, name)()
         text = composed.as_string(self._connection)
         setattr(self, name, text)  # found as an attribute from now on: __getattr__ is not called again
+        return text
+
+
+class _Statements:
+    """One table's statements: its layout's templates with its names put in, each on
+    first use, then kept; `_UNIT` stands for the unit's number."""
+
+    def __init__(self, templates: _Templates, names: dict[str, str]):
+        self._templates, self._names = templates, names
+
+    def __getattr__(self, name: str) -> str:
+        text = _put(getattr(self._templates, name), self._names)
+        setattr(self, name, text)
         return text
 
 
@@ -241,6 +275,7 @@ class FastApplier:
         self._layout_of: dict[str, int] = {}     # each prepared table's staging layout, by number
         self._numbers: dict[tuple, int] = {}     # staging_layout -> its number (its index in _layouts)
         self._layouts: list[_Layout] = []
+        self._templates: dict[tuple, _Templates] = {}  # by (staging layout, statement layout)
         self._created: set[int] = set()  # layouts whose staging tables exist in this session
         self._uncommitted: set[int] = set()  # of those, created in the open transaction
         self._dirty: set[int] = set()    # layouts whose staging tables may hold rows
@@ -255,7 +290,11 @@ class FastApplier:
                 if number == len(self._layouts):
                     self._layouts.append(_Layout(_Staging(number, plan), self.connection))
                 self._layout_of[table] = number
-                self._sql[table] = _Statements(_Staging(number, plan), self.connection)
+                templates = self._templates.get((number, _statement_layout(plan)))
+                if templates is None:
+                    templates = self._templates[number, _statement_layout(plan)] = _Templates(_Staging(number, plan),
+                                                                                             self.connection)
+                self._sql[table] = _Statements(templates, _names(plan, self.connection))
 
     def stage(self, staged: dict[str, memoryview], *, commit: bool = True) -> None:
         """Load a chunk's staged rows (COPY text, each line led by its table and unit),
@@ -387,19 +426,26 @@ class Replayer:
     records of a group's (unit, table)s the net change cannot apply as a set
     (FastApplier's caller, run.apply_units).
 
-    Each statement is composed once per table, operation and column set, then kept as
-    text: composing quotes every identifier (a cost per column, ~1 ms for 64 columns),
-    and a replay sends the same few statements over and over. The plans do not change
-    during an instance's life (a new table version makes a new run, and a new Replayer)."""
+    Each statement is composed once per statement layout (`_statement_layout`),
+    operation and column set, and put to each table's use once, then kept as text:
+    composing quotes every identifier (a cost per column, ~1 ms for 64 columns), and a
+    replay sends the same few statements over and over, on tables that often share a
+    layout. The plans do not change during an instance's life (a new table version makes
+    a new run, and a new Replayer)."""
 
     def __init__(self, plans: dict[str, TablePlan | None], handlecollisions: bool):
         self.plans, self.handlecollisions = plans, handlecollisions
         self._texts: dict[tuple, str] = {}
+        self._templates: dict[tuple, str] = {}
 
-    def _text_of(self, cur, key: tuple, compose) -> str:
-        text = self._texts.get(key)
+    def _text_of(self, cur, plan: TablePlan, key: tuple, compose) -> str:
+        text = self._texts.get((plan.source, *key))
         if text is None:
-            text = self._texts[key] = compose().as_string(cur)
+            layout = (_statement_layout(plan), *key)
+            template = self._templates.get(layout)
+            if template is None:
+                template = self._templates[layout] = compose().as_string(cur)
+            text = self._texts[plan.source, *key] = _put(template, _names(plan, cur))
         return text
 
     @staticmethod
@@ -410,7 +456,7 @@ class Replayer:
             terms.append(sql.SQL("{} {} CAST(%s AS {})").format(sql.Identifier(k), sql.SQL(op), sql.SQL(plan.type_of(k))))
         condition = sql.SQL(" AND ").join(terms)
         if plan.keyless:  # identical rows may repeat: touch exactly one
-            condition = sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(plan.ident, condition)
+            condition = sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(_TARGET, condition)
         return condition
 
     @staticmethod
@@ -431,8 +477,8 @@ class Replayer:
         def compose() -> sql.Composed:
             sets = [sql.SQL("{} = CAST(%s AS {})").format(sql.Identifier(c), sql.SQL(plan.type_of(c)))
                     for c in columns]
-            return sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), self._where(plan))
-        cur.execute(self._text_of(cur, (plan.source, "UPDATE", columns), compose),
+            return sql.SQL("UPDATE {} SET {} WHERE {}").format(_TARGET, sql.SQL(", ").join(sets), self._where(plan))
+        cur.execute(self._text_of(cur, plan, ("UPDATE", columns), compose),
                     [_text(after[c]) for c in columns] + self._key_params(plan, before))
 
     def _insert(self, cur, plan: TablePlan, after: dict) -> None:
@@ -440,9 +486,9 @@ class Replayer:
 
         def compose() -> sql.Composed:
             return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                plan.ident, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                _TARGET, sql.SQL(", ").join(map(sql.Identifier, columns)),
                 sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(plan.type_of(c))) for c in columns))
-        cur.execute(self._text_of(cur, (plan.source, "INSERT", columns), compose), [_text(after[c]) for c in columns])
+        cur.execute(self._text_of(cur, plan, ("INSERT", columns), compose), [_text(after[c]) for c in columns])
 
     def apply(self, cur, record: dict, stats: ReplayStats) -> None:
         """Apply one trail record (a dict as trail.iter_records gives it). Raises
@@ -478,8 +524,8 @@ class Replayer:
                 return
             self._update(cur, plan, columns, after, before)
         elif op == "DELETE":
-            cur.execute(self._text_of(cur, (plan.source, "DELETE"), lambda: sql.SQL("DELETE FROM {} WHERE {}").format(
-                plan.ident, self._where(plan))), self._key_params(plan, before))
+            cur.execute(self._text_of(cur, plan, ("DELETE",), lambda: sql.SQL("DELETE FROM {} WHERE {}").format(
+                _TARGET, self._where(plan))), self._key_params(plan, before))
         else:
             raise TrailboundError(f"unknown operation {op!r}")
         if cur.rowcount == 0:

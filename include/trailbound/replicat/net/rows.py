@@ -33,6 +33,7 @@ class NetRows:
     def __init__(self, parts: list[pa.Table]):
         self._buffers: list[tuple[memoryview, np.ndarray]] = []
         self.units: dict[int, list[UnitTable]] = {}
+        self._entries: dict[tuple[int, str], UnitTable] = {}  # the same entries, found by (unit, table)
         self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its table and unit
         for table in parts:
             if len(table):
@@ -86,12 +87,8 @@ class NetRows:
         cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
                                     (steps[1:] != steps[:-1]), True])
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            unit, name, step = int(units[a]), dictionary[codes[a]], int(steps[a])
-            entries = self.units.setdefault(unit, [])
-            entry = next((e for e in entries if e.table == name), None)
-            if entry is None:
-                entry = UnitTable(name)
-                entries.append(entry)
+            entry = self.entry(int(units[a]), dictionary[codes[a]])
+            step = int(steps[a])
             if step == 0:
                 entry.unresolved = True
             elif step == 1:
@@ -100,6 +97,14 @@ class NetRows:
                 entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
             else:
                 entry.inserts = (part, a, b)
+
+    def entry(self, unit: int, table: str) -> UnitTable:
+        """The (unit, table)'s entry, added (in the unit's order of tables) if new."""
+        entry = self._entries.get((unit, table))
+        if entry is None:
+            entry = self._entries[unit, table] = UnitTable(table)
+            self.units.setdefault(unit, []).append(entry)
+        return entry
 
     def staged_to_merge(self) -> dict[str, memoryview]:
         """`staged` of the tables with staged lines the set-based merge reads: a (unit,
