@@ -5,7 +5,8 @@ apply/__init__.py).
 Fast path:
 
 1. Per chunk, COPY each table's staged rows (kinds D, U, M; see replicat/net/), with
-   their unit, into a temporary staging table typed like the target (PostgreSQL parses
+   their table and unit, into a temporary staging table typed like the target, one per
+   layout of types that tables share (`staging_layout`; PostgreSQL parses
    every value itself), committed on its own: scratch, not data.
 Then per unit, inside the group's one target transaction:
 2. Read the rows being moved (M) from the target, merged with their new values.
@@ -261,7 +262,7 @@ class _Statements:
 class FastApplier:
     """The set-based path. One instance per target connection (its temporary tables).
 
-    Per chunk, each table's staged rows (D, U, M) are COPY'd once into its staging table
+    Per chunk, each table's staged rows (D, U, M) are COPY'd once into its layout's staging table
     (committed on their own: scratch, not data). Per unit, inside the group's target
     transaction, one statement deletes and updates in every table at once and returns
     the counts (the rows are distinct: a key has at most one staged row per unit), then
