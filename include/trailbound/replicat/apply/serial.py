@@ -33,11 +33,12 @@ from dataclasses import dataclass, field
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 from psycopg2 import sql
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.replicat.apply import Collision, MissingRow
+from trailbound.replicat.apply import Collision, MissingRow, copychain
 from trailbound.replicat.target import TablePlan
 
 log = logging.getLogger("trailbound.replicat")
@@ -369,9 +370,17 @@ class FastApplier:
             for found, (count, what, plan) in zip(cur.fetchone(), expected):
                 if found != count:
                     raise Collision(f"{plan.target}: {count} {what}, the target has {found}")
-        for table, _, inserts in entries:
-            if inserts is not None and len(inserts):
-                _copy(cur, self._sql[table].copy_target, inserts)
+        copies = [(self._sql[table].copy_target, inserts) for table, _, inserts in entries
+                  if inserts is not None and len(inserts)]
+        if copies and self.connection.status != psycopg2.extensions.STATUS_BEGIN:
+            _copy(cur, *copies.pop(0))  # through psycopg2, which begins the transaction: it must know, to end it
+        if len(copies) > 1 and copychain.available():
+            # The unit's new rows in one query (a unit may touch hundreds of tables):
+            # a round trip per COPY, not two.
+            copychain.copy_in_transaction(self.connection, copies)
+        else:
+            for statement, rows in copies:
+                _copy(cur, statement, rows)
 
     def copy_statement(self, table: str) -> str:
         """The COPY of new rows into the table's target (FROM STDIN, COPY text)."""
