@@ -311,6 +311,55 @@ def test_the_arrow_net_change_writes_sparks_lines_and_leaves_key_changes_to_it(s
     assert len(lines) == len(expected) == 7
 
 
+def test_tables_of_one_layout_netted_in_one_pass_get_the_lines_each_gets_alone():
+    """net/arrow.py nets the tables whose plans agree (columns, types, key) in one pass,
+    the (unit, table) in place of the unit: each table gets exactly the lines, and the
+    same records left to the key-change backends, as when it is netted alone; every
+    (unit, table, step) stays contiguous. Also when one table's image does not parse
+    (that table alone is left) and for inserts the trail carries as COPY lines."""
+    import pyarrow.compute as pc
+
+    from trailbound import copytext
+
+    columns = {"id": "bigint", "a": "text", "n": "double precision", "f": "boolean"}
+    plans = {name: _plan(name, columns, ["id"]) for name in ("s.t", "s.u", "s.v")}
+    plans |= {name: _plan(name, {"x": "text", "y": "text"}, []) for name in ("s.k", "s.l")}
+    records = []
+    for number, (keyed, keyless) in enumerate((("s.t", "s.k"), ("s.u", "s.l"), ("s.v", "s.k"))):
+        for unit, _, table, op, before, after in _key_changing_work(number + 1, units=12):
+            records.append([unit, table == "s.t" and keyed or keyless, op, before, after])
+    for unit in (13, 14):  # insert-only units: a key repeated in s.u's unit 14 only
+        for table in ("s.t", "s.u", "s.v"):
+            for key in (1, 2, 1 if (unit, table) == (14, "s.u") else 3):
+                records.append([unit, table, "INSERT", None, J({"id": key, "a": f"{table} {unit}", "f": True})])
+    records.append([15, "s.v", "INSERT", None, J({"id": "not a number"})])  # s.v's images do not parse
+    records.append([15, "s.t", "INSERT", None, J({"id": 99})])
+    records.sort(key=lambda r: r[0])  # units ascend along the trail; tables interleave inside them
+    data = pa.Table.from_pylist([dict(zip(netarrow.RECORDS_SCHEMA.names, [r[0], seq, *r[1:]]))
+                                 for seq, r in enumerate(records)], schema=netarrow.RECORDS_SCHEMA)
+    lined = []
+    for r in records:
+        plan = plans[r[1]]
+        parsed = copytext.parse_images(pa.array([r[4]]), plan.columns, plan.types) if r[2] == "INSERT" else None
+        lined.append(copytext.copy_lines([copytext.copy_values(parsed.column(c)) for c in plan.columns])[0].as_py()
+                     if parsed is not None else None)
+    for part in (data, data.append_column("copy_line", pa.array(lined, pa.string()))):
+        together, left = netarrow.net_lines(part, plans)
+        runs = [(u, t, s) for u, t, s in zip(*(together.column(c).to_pylist() for c in ("unit", "table", "step")))]
+        cuts = [run for i, run in enumerate(runs) if i == 0 or run != runs[i - 1]]
+        assert len(cuts) == len(set(cuts)), "each (unit, table, step) contiguous"
+        for name in plans:
+            mine = pc.equal(part.column("table"), name)
+            alone, alone_left = netarrow.net_lines(part.filter(mine), plans)
+            netted = together.filter(pc.equal(together.column("table"), name))
+            assert sorted(tuple(r.values()) for r in netted.to_pylist()) == \
+                sorted(tuple(r.values()) for r in alone.to_pylist()), name
+            assert left[np.asarray(mine)].tolist() == alone_left.tolist(), name
+        assert left[[i for i, r in enumerate(records) if r[1] == "s.v" and r[0] == 15]].all()
+        assert not left[[i for i, r in enumerate(records) if r[0] == 15 and r[1] == "s.t"]].any()
+        assert left.any() and not left.all(), "key changes left, the rest netted"
+
+
 def _key_changing_work(seed: int, units: int = 40) -> list[tuple]:
     """Records a source could write: rows that keep or change their keys (chains, keys
     reused after a DELETE or a move), partial UPDATE images, JSON numbers and booleans,

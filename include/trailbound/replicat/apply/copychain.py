@@ -1,5 +1,6 @@
 """A parallel session's group as one query: its COPYs chained, its checkpoint row and
-COMMIT riding on the last COPY's end.
+COMMIT riding on the last COPY's end (and, on the run's own session, a unit's COPYs of
+new rows chained inside its open transaction: `copy_in_transaction`).
 
 psycopg2 runs one COPY per query, and a COPY costs two round trips: the query, answered
 when the server is ready for rows, then the rows' end, answered when they are in. A
@@ -119,6 +120,27 @@ def apply(connection, copies: list[tuple[str, memoryview]], tail: bytes, ready_t
     except BaseException:
         query.finish(raise_error=False)  # whatever is left of the query, read or abandoned
         rollback_quietly(connection)
+        raise
+
+
+def copy_in_transaction(connection, copies: list[tuple[str, memoryview]]) -> None:
+    """Each (COPY statement, its rows) of `copies`, chained in one query, inside the
+    transaction psycopg2 has open on `connection` (psycopg2 must have begun it, so that
+    its commit and rollback end it). Raises the server's first error as psycopg2 would;
+    the transaction is then failed, for the caller to roll back."""
+    query = _Query(_library(), connection)
+    try:
+        query.send("".join(f"{statement}; " for statement, _ in copies).encode())
+        for number, (_, rows) in enumerate(copies):
+            if not query.next_copy():
+                break  # the server refused an earlier COPY: finish() raises its error
+            query.copy_data(rows)
+            if number == 0:
+                crashpoint("mid_copy")
+            query.end_copy()
+        query.finish()
+    except BaseException:
+        query.finish(raise_error=False)  # whatever is left of the query, read or abandoned
         raise
 
 

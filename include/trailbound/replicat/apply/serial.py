@@ -5,7 +5,8 @@ apply/__init__.py).
 Fast path:
 
 1. Per chunk, COPY each table's staged rows (kinds D, U, M; see replicat/net/), with
-   their unit, into a temporary staging table typed like the target (PostgreSQL parses
+   their table and unit, into a temporary staging table typed like the target, one per
+   layout of types that tables share (`staging_layout`; PostgreSQL parses
    every value itself), committed on its own: scratch, not data.
 Then per unit, inside the group's one target transaction:
 2. Read the rows being moved (M) from the target, merged with their new values.
@@ -32,11 +33,12 @@ from dataclasses import dataclass, field
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 from psycopg2 import sql
 
 from trailbound.crash import crashpoint
 from trailbound.errors import TrailboundError
-from trailbound.replicat.apply import Collision, MissingRow
+from trailbound.replicat.apply import Collision, MissingRow, copychain
 from trailbound.replicat.target import TablePlan
 
 log = logging.getLogger("trailbound.replicat")
@@ -97,15 +99,46 @@ def _install_quiet_copy_hook() -> None:
     sys.excepthook = hook
 
 
-# Where a unit's number goes in a composed statement (PostgreSQL identifiers cannot hold
-# NUL, so the marker never collides with a quoted name).
+# Where a unit's number, a table's quoted name and its source name (a literal) go in a
+# composed statement (PostgreSQL identifiers and literals cannot hold NUL, so a marker
+# never collides with a quoted name). A statement is composed once per statement layout
+# (`_statement_layout`): hundreds of tables in a few layouts compose a few statements,
+# each put to a table's use by replacing its markers.
 _UNIT = "\x00unit\x00"
+_TARGET = sql.SQL("\x00target\x00")
+_SOURCE = sql.SQL("\x00source\x00")
+
+
+def _statement_layout(plan: TablePlan) -> tuple:
+    """What a table's statements depend on besides its names."""
+    return plan.columns, plan.types, plan.key, tuple(map(plan.nullable, plan.key)), plan.keyless
+
+
+def _names(plan: TablePlan, context) -> dict[str, str]:
+    """The table's values of the markers _TARGET and _SOURCE."""
+    return {_TARGET.string: plan.ident.as_string(context), _SOURCE.string: sql.Literal(plan.source).as_string(context)}
+
+
+def _put(template: str, names: dict[str, str]) -> str:
+    for marker, value in names.items():
+        template = template.replace(marker, value)
+    return template
+
+
+def staging_layout(plan: TablePlan) -> tuple:
+    """What a table's staging table holds: the types of its origin key and of its
+    columns. Tables that agree on it share one staging table, each row led by its table:
+    hundreds of tables in a few layouts create, clear, COPY into and ANALYZE a few
+    staging tables per chunk, not hundreds (each a round trip and catalog work)."""
+    return tuple(plan.type_of(k) for k in plan.key), plan.types
 
 
 @dataclass
 class _Staging:
-    """The session's temporary tables and statements for one target table. The staging
-    table holds a whole chunk's staged rows (kinds D, U, M), each with its unit."""
+    """One target table's statements against the session's temporary tables for its
+    staging layout (`staging_layout`, numbered `number`): the staging table holds a whole
+    chunk's staged rows (kinds D, U, M) of every table of the layout, each with its
+    table and unit."""
 
     number: int
     plan: TablePlan
@@ -123,14 +156,15 @@ class _Staging:
     def ddl(self) -> sql.Composed:
         p = self.plan
         typed = lambda name, type_name: sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_name))  # noqa: E731
-        stage_columns = [sql.SQL("unit bigint"), sql.SQL("kind text"), sql.SQL("mask text")]
+        stage_columns = [sql.SQL("tbl text"), sql.SQL("unit bigint"), sql.SQL("kind text"), sql.SQL("mask text")]
         stage_columns += [typed(f"o{i}", p.type_of(k)) for i, k in enumerate(p.key, start=1)]
         stage_columns += [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
         moved_columns = [typed(f"c{i}", t) for i, t in enumerate(p.types, start=1)]
         # Emptied by TRUNCATE when next used, not ON COMMIT DELETE ROWS: that truncates
         # every such table at every commit (measured ~1 ms per target transaction).
-        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE INDEX ON pg_temp.{} (unit); CREATE TEMP TABLE {} ({})").format(
-            self.stage, sql.SQL(", ").join(stage_columns), self.stage, self.moved, sql.SQL(", ").join(moved_columns))
+        return sql.SQL("CREATE TEMP TABLE {} ({}); CREATE INDEX ON pg_temp.{} (unit, tbl); CREATE TEMP TABLE {} ({})"
+                       ).format(self.stage, sql.SQL(", ").join(stage_columns), self.stage, self.moved,
+                                sql.SQL(", ").join(moved_columns))
 
     def _match(self) -> sql.Composed:
         """Target row t is the row at staged origin key s.o1..ok (NULL-safe where the
@@ -146,57 +180,60 @@ class _Staging:
             i=sql.Literal(i), c=sql.Identifier(f"c{i}"), col=sql.Identifier(column))
 
     def _unit(self, kinds: str) -> sql.Composed:
-        return sql.SQL("s.unit = {} AND s.kind IN ({})").format(sql.SQL(_UNIT), sql.SQL(kinds))
-
-    def copy_stage(self) -> sql.Composed:
-        return sql.SQL("COPY pg_temp.{} FROM STDIN").format(self.stage)
+        return sql.SQL("s.unit = {} AND s.tbl = {} AND s.kind IN ({})").format(sql.SQL(_UNIT),
+                                                                                _SOURCE,
+                                                                                sql.SQL(kinds))
 
     def copy_target(self) -> sql.Composed:
-        return sql.SQL("COPY {} ({}) FROM STDIN").format(self.plan.ident, sql.SQL(", ").join(self._cols))
+        return sql.SQL("COPY {} ({}) FROM STDIN").format(_TARGET, sql.SQL(", ").join(self._cols))
 
     def select_moved(self) -> sql.Composed:
         merged = [self._merged(i, c) for i, c in enumerate(self.plan.columns, start=1)]
         return sql.SQL("INSERT INTO pg_temp.{moved} SELECT {merged} FROM pg_temp.{stage} s JOIN {target} t ON {match}"
                        " WHERE {unit}").format(moved=self.moved, merged=sql.SQL(", ").join(merged),
-                                               stage=self.stage, target=self.plan.ident, match=self._match(),
+                                               stage=self.stage, target=_TARGET, match=self._match(),
                                                unit=self._unit("'M'"))
 
     def delete(self, kinds: str = "'D', 'M'") -> sql.Composed:
         return sql.SQL("DELETE FROM {target} t USING pg_temp.{stage} s WHERE {unit} AND {match}").format(
-            target=self.plan.ident, stage=self.stage, match=self._match(), unit=self._unit(kinds))
+            target=_TARGET, stage=self.stage, match=self._match(), unit=self._unit(kinds))
 
     def update(self) -> sql.Composed:
         sets = [sql.SQL("{} = {}").format(sql.Identifier(c), self._merged(i, c))
                 for i, c in enumerate(self.plan.columns, start=1) if c not in self.plan.key]
         if not sets:  # every column is key: nothing to set, but the rows must exist
             return sql.SQL("SELECT 1 FROM {target} t JOIN pg_temp.{stage} s ON {match} WHERE {unit}").format(
-                target=self.plan.ident, stage=self.stage, match=self._match(), unit=self._unit("'U'"))
+                target=_TARGET, stage=self.stage, match=self._match(), unit=self._unit("'U'"))
         return sql.SQL("UPDATE {target} t SET {sets} FROM pg_temp.{stage} s WHERE {unit} AND {match}").format(
-            target=self.plan.ident, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match(),
+            target=_TARGET, sets=sql.SQL(", ").join(sets), stage=self.stage, match=self._match(),
             unit=self._unit("'U'"))
 
     def insert_moved(self) -> sql.Composed:
         return sql.SQL("INSERT INTO {} ({}) SELECT * FROM pg_temp.{}").format(
-            self.plan.ident, sql.SQL(", ").join(self._cols), self.moved)
+            _TARGET, sql.SQL(", ").join(self._cols), self.moved)
 
     def clear_moved(self) -> sql.Composed:
         return sql.SQL("TRUNCATE pg_temp.{}").format(self.moved)
 
-    def clear(self) -> sql.Composed:
-        return sql.SQL("TRUNCATE pg_temp.{}, pg_temp.{}").format(self.stage, self.moved)
 
-    def analyzed(self) -> sql.Composed:
-        """The staging table as ANALYZE names it (one ANALYZE takes every staged table)."""
-        return sql.SQL("pg_temp.{}").format(self.stage)
+class _Layout:
+    """The session's temporary tables of one staging layout: their DDL and the
+    statements that load, clear and analyze them, composed once."""
+
+    def __init__(self, staging: _Staging, connection):
+        self.ddl = staging.ddl().as_string(connection)
+        self.copy_stage = sql.SQL("COPY pg_temp.{} FROM STDIN").format(staging.stage).as_string(connection)
+        self.clear = sql.SQL("TRUNCATE pg_temp.{}, pg_temp.{}").format(staging.stage, staging.moved).as_string(
+            connection)
+        self.analyzed = sql.SQL("pg_temp.{}").format(staging.stage).as_string(connection)  # one ANALYZE takes all
 
 
-class _Statements:
-    """One table's statements, each composed on first use, then kept (composing quotes
-    every identifier: about 25 ms for a table of 64 columns, so a run on hundreds of
-    tables composes only what it sends); `_UNIT` stands for the unit's number."""
+class _Templates:
+    """The statements of one statement layout against one staging layout, each composed
+    on first use, then kept (composing quotes every identifier: about 25 ms for a table
+    of 64 columns); markers (_UNIT, _TARGET, _SOURCE) stand for what differs."""
 
-    _NAMES = ("copy_stage", "copy_target", "select_moved", "delete", "delete_only", "update", "insert_moved",
-              "clear_moved", "clear", "analyzed")
+    _NAMES = ("copy_target", "select_moved", "delete", "delete_only", "update", "insert_moved", "clear_moved")
 
     def __init__(self, staging: _Staging, connection):
         self._staging, self._connection = staging, connection
@@ -210,10 +247,23 @@ class _Statements:
         return text
 
 
+class _Statements:
+    """One table's statements: its layout's templates with its names put in, each on
+    first use, then kept; `_UNIT` stands for the unit's number."""
+
+    def __init__(self, templates: _Templates, names: dict[str, str]):
+        self._templates, self._names = templates, names
+
+    def __getattr__(self, name: str) -> str:
+        text = _put(getattr(self._templates, name), self._names)
+        setattr(self, name, text)
+        return text
+
+
 class FastApplier:
     """The set-based path. One instance per target connection (its temporary tables).
 
-    Per chunk, each table's staged rows (D, U, M) are COPY'd once into its staging table
+    Per chunk, each table's staged rows (D, U, M) are COPY'd once into its layout's staging table
     (committed on their own: scratch, not data). Per unit, inside the group's target
     transaction, one statement deletes and updates in every table at once and returns
     the counts (the rows are distinct: a key has at most one staged row per unit), then
@@ -223,43 +273,57 @@ class FastApplier:
     def __init__(self, connection, plans: dict[str, TablePlan | None]):
         self.connection = connection
         self.plans = plans
-        self._staging: dict[str, _Staging] = {}
         self._sql: dict[str, _Statements] = {}
-        self._created: set[str] = set()  # tables whose staging tables exist in this session
-        self._uncommitted: set[str] = set()  # of those, created in the open transaction
-        self._dirty: set[str] = set()    # staging tables that may hold rows
+        self._layout_of: dict[str, int] = {}     # each prepared table's staging layout, by number
+        self._numbers: dict[tuple, int] = {}     # staging_layout -> its number (its index in _layouts)
+        self._layouts: list[_Layout] = []
+        self._templates: dict[tuple, _Templates] = {}  # by (staging layout, statement layout)
+        self._created: set[int] = set()  # layouts whose staging tables exist in this session
+        self._uncommitted: set[int] = set()  # of those, created in the open transaction
+        self._dirty: set[int] = set()    # layouts whose staging tables may hold rows
 
     def prepare(self, tables) -> None:
         """Compose these source tables' statements, once per session (no round trip: a
-        table's staging tables are created when it first has rows to stage)."""
+        layout's staging tables are created when it first has rows to stage)."""
         for table in tables:
-            if table not in self._staging and self.plans.get(table) is not None:
-                staging = _Staging(len(self._staging) + 1, self.plans[table])
-                self._staging[table] = staging
-                self._sql[table] = _Statements(staging, self.connection)
+            if table not in self._sql and self.plans.get(table) is not None:
+                plan = self.plans[table]
+                number = self._numbers.setdefault(staging_layout(plan), len(self._layouts))
+                if number == len(self._layouts):
+                    self._layouts.append(_Layout(_Staging(number, plan), self.connection))
+                self._layout_of[table] = number
+                templates = self._templates.get((number, _statement_layout(plan)))
+                if templates is None:
+                    templates = self._templates[number, _statement_layout(plan)] = _Templates(_Staging(number, plan),
+                                                                                             self.connection)
+                self._sql[table] = _Statements(templates, _names(plan, self.connection))
 
     def stage(self, staged: dict[str, memoryview], *, commit: bool = True) -> None:
-        """Load a chunk's staged rows (COPY text, each line led by its unit), table by
-        table, replacing the previous chunk's; committed (so is a staging table created
-        here: a rolled-back group must not take it with it). Without `commit` (a piece
-        of a long transaction after its first), inside the open target transaction: if
-        that rolls back, `rolled_back` must be called."""
+        """Load a chunk's staged rows (COPY text, each line led by its table and unit),
+        layout by layout, replacing the previous chunk's; committed (so is a staging
+        table created here: a rolled-back group must not take it with it). Without
+        `commit` (a piece of a long transaction after its first), inside the open target
+        transaction: if that rolls back, `rolled_back` must be called."""
+        layouts = self._layouts
+        payloads: dict[int, list[memoryview]] = {}
+        for table, payload in staged.items():
+            payloads.setdefault(self._layout_of[table], []).append(payload)
         with self.connection.cursor() as cur:
-            # Round trips per chunk, not per table (a chunk may touch hundreds): the
-            # clearing and the staging tables to create in one query, the COPYs, one ANALYZE.
-            ddl = [self._sql[table].clear for table in self._dirty]  # units are numbered per chunk: no stale row may match one
-            for table in staged:
-                if table not in self._created:
-                    ddl.append(self._staging[table].ddl().as_string(self.connection))
-                    self._created.add(table)
-                    self._uncommitted.add(table)
+            # Round trips per chunk, not per layout: the clearing and the staging tables
+            # to create in one query, a COPY per layout, one ANALYZE.
+            ddl = [layouts[number].clear for number in sorted(self._dirty)]  # units are numbered per chunk: no stale row may match one
+            for number in sorted(payloads):
+                if number not in self._created:
+                    ddl.append(layouts[number].ddl)
+                    self._created.add(number)
+                    self._uncommitted.add(number)
             if ddl:
                 cur.execute("; ".join(ddl))
-            self._dirty = set(staged)
-            for table, payload in staged.items():
-                _copy(cur, self._sql[table].copy_stage, payload)
-            if staged:
-                cur.execute("ANALYZE " + ", ".join(self._sql[table].analyzed for table in staged))
+            self._dirty = set(payloads)
+            for number, parts in sorted(payloads.items()):
+                _copy(cur, layouts[number].copy_stage, parts[0] if len(parts) == 1 else memoryview(b"".join(parts)))
+            if payloads:
+                cur.execute("ANALYZE " + ", ".join(layouts[number].analyzed for number in sorted(payloads)))
         if commit:
             self.connection.commit()
             self._uncommitted.clear()
@@ -306,9 +370,17 @@ class FastApplier:
             for found, (count, what, plan) in zip(cur.fetchone(), expected):
                 if found != count:
                     raise Collision(f"{plan.target}: {count} {what}, the target has {found}")
-        for table, _, inserts in entries:
-            if inserts is not None and len(inserts):
-                _copy(cur, self._sql[table].copy_target, inserts)
+        copies = [(self._sql[table].copy_target, inserts) for table, _, inserts in entries
+                  if inserts is not None and len(inserts)]
+        if copies and self.connection.status != psycopg2.extensions.STATUS_BEGIN:
+            _copy(cur, *copies.pop(0))  # through psycopg2, which begins the transaction: it must know, to end it
+        if len(copies) > 1 and copychain.available():
+            # The unit's new rows in one query (a unit may touch hundreds of tables):
+            # a round trip per COPY, not two.
+            copychain.copy_in_transaction(self.connection, copies)
+        else:
+            for statement, rows in copies:
+                _copy(cur, statement, rows)
 
     def copy_statement(self, table: str) -> str:
         """The COPY of new rows into the table's target (FROM STDIN, COPY text)."""
@@ -364,19 +436,26 @@ class Replayer:
     records of a group's (unit, table)s the net change cannot apply as a set
     (FastApplier's caller, run.apply_units).
 
-    Each statement is composed once per table, operation and column set, then kept as
-    text: composing quotes every identifier (a cost per column, ~1 ms for 64 columns),
-    and a replay sends the same few statements over and over. The plans do not change
-    during an instance's life (a new table version makes a new run, and a new Replayer)."""
+    Each statement is composed once per statement layout (`_statement_layout`),
+    operation and column set, and put to each table's use once, then kept as text:
+    composing quotes every identifier (a cost per column, ~1 ms for 64 columns), and a
+    replay sends the same few statements over and over, on tables that often share a
+    layout. The plans do not change during an instance's life (a new table version makes
+    a new run, and a new Replayer)."""
 
     def __init__(self, plans: dict[str, TablePlan | None], handlecollisions: bool):
         self.plans, self.handlecollisions = plans, handlecollisions
         self._texts: dict[tuple, str] = {}
+        self._templates: dict[tuple, str] = {}
 
-    def _text_of(self, cur, key: tuple, compose) -> str:
-        text = self._texts.get(key)
+    def _text_of(self, cur, plan: TablePlan, key: tuple, compose) -> str:
+        text = self._texts.get((plan.source, *key))
         if text is None:
-            text = self._texts[key] = compose().as_string(cur)
+            layout = (_statement_layout(plan), *key)
+            template = self._templates.get(layout)
+            if template is None:
+                template = self._templates[layout] = compose().as_string(cur)
+            text = self._texts[plan.source, *key] = _put(template, _names(plan, cur))
         return text
 
     @staticmethod
@@ -387,7 +466,7 @@ class Replayer:
             terms.append(sql.SQL("{} {} CAST(%s AS {})").format(sql.Identifier(k), sql.SQL(op), sql.SQL(plan.type_of(k))))
         condition = sql.SQL(" AND ").join(terms)
         if plan.keyless:  # identical rows may repeat: touch exactly one
-            condition = sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(plan.ident, condition)
+            condition = sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(_TARGET, condition)
         return condition
 
     @staticmethod
@@ -408,8 +487,8 @@ class Replayer:
         def compose() -> sql.Composed:
             sets = [sql.SQL("{} = CAST(%s AS {})").format(sql.Identifier(c), sql.SQL(plan.type_of(c)))
                     for c in columns]
-            return sql.SQL("UPDATE {} SET {} WHERE {}").format(plan.ident, sql.SQL(", ").join(sets), self._where(plan))
-        cur.execute(self._text_of(cur, (plan.source, "UPDATE", columns), compose),
+            return sql.SQL("UPDATE {} SET {} WHERE {}").format(_TARGET, sql.SQL(", ").join(sets), self._where(plan))
+        cur.execute(self._text_of(cur, plan, ("UPDATE", columns), compose),
                     [_text(after[c]) for c in columns] + self._key_params(plan, before))
 
     def _insert(self, cur, plan: TablePlan, after: dict) -> None:
@@ -417,9 +496,9 @@ class Replayer:
 
         def compose() -> sql.Composed:
             return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                plan.ident, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                _TARGET, sql.SQL(", ").join(map(sql.Identifier, columns)),
                 sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(plan.type_of(c))) for c in columns))
-        cur.execute(self._text_of(cur, (plan.source, "INSERT", columns), compose), [_text(after[c]) for c in columns])
+        cur.execute(self._text_of(cur, plan, ("INSERT", columns), compose), [_text(after[c]) for c in columns])
 
     def apply(self, cur, record: dict, stats: ReplayStats) -> None:
         """Apply one trail record (a dict as trail.iter_records gives it). Raises
@@ -455,8 +534,8 @@ class Replayer:
                 return
             self._update(cur, plan, columns, after, before)
         elif op == "DELETE":
-            cur.execute(self._text_of(cur, (plan.source, "DELETE"), lambda: sql.SQL("DELETE FROM {} WHERE {}").format(
-                plan.ident, self._where(plan))), self._key_params(plan, before))
+            cur.execute(self._text_of(cur, plan, ("DELETE",), lambda: sql.SQL("DELETE FROM {} WHERE {}").format(
+                _TARGET, self._where(plan))), self._key_params(plan, before))
         else:
             raise TrailboundError(f"unknown operation {op!r}")
         if cur.rowcount == 0:

@@ -23,6 +23,8 @@ PostgreSQL reads both as the same double.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -100,15 +102,44 @@ def _bools(array) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, np.ndarray]:
-    """One table's records -> its net change as COPY lines, and the units left to Spark
-    (None: all of them)."""
+def _signature(plan: TablePlan) -> tuple:
+    """What the net change reads of a plan: tables that agree on it are netted in one pass."""
+    return plan.columns, plan.types, plan.key, plan.keyless
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The records of tables of one signature (`_signature`), in trail order: which of
+    them each record belongs to (`which`: an index into `sources`), and the unit they
+    are netted in. A (unit, table) is a *group* here: unit * len(sources) + which."""
+
+    records: pa.Table
+    rows: np.ndarray         # where the records are in the chunk's data
+    units: np.ndarray
+    which: np.ndarray
+    plan: TablePlan          # any of the tables' plans: they agree on the signature
+    sources: tuple[str, ...]
+
+    @property
+    def groups(self) -> np.ndarray:
+        return self.units * len(self.sources) + self.which
+
+    def tables_of(self, which: np.ndarray) -> pa.Array:
+        if len(self.sources) == 1:
+            return pa.repeat(pa.scalar(self.sources[0]), len(which))
+        return pa.array(self.sources, pa.string()).take(pa.array(which))
+
+
+def _tables_lines(batch: _Batch) -> tuple[pa.Table | None, np.ndarray | None]:
+    """A batch's records -> their net change as COPY lines, and a mask of the records
+    left to the other backends (None: all of them)."""
+    plan, records, units = batch.plan, batch.records, batch.units
     columns, types = plan.columns, plan.types
     key = tuple(plan.key) or tuple(columns)
     patterns = [key_pattern(c) for c in columns]
     if None in patterns:
         return None, None
-    units = records.column("unit").to_numpy()
+    groups = batch.groups
     op = records.column("op")
     inserted = _bools(pc.equal(op, "INSERT"))
     deleted = _bools(pc.equal(op, "DELETE"))
@@ -118,9 +149,9 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
     if after is None:
         return None, None
     if inserted.all():
-        lines = _own_net_change(units, after, plan, key)
+        lines = _own_net_change(batch, after, key)
         if lines is not None:
-            return lines, np.zeros(0, dtype=units.dtype)
+            return lines, np.zeros(len(records), dtype=bool)
     key_types = tuple(types[columns.index(k)] for k in key)
     before = parse_images(records.column("before"), key, key_types)
     if before is None:
@@ -141,23 +172,22 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
         new = pc.if_else(pa.array(inserted | carried[k]), new, old)
         moved |= updated & ~_same(old, new)
         touched.append(pc.if_else(pa.array(deleted), old, new))
-    left = np.unique(units[moved])
-    keep = ~np.isin(units, left) if len(left) else np.ones(len(records), dtype=bool)
+    left = np.isin(groups, np.unique(groups[moved])) if moved.any() else np.zeros(len(records), dtype=bool)
 
-    # Sort by (unit, key, seq); a lifetime starts at a new key or just after a DELETE.
-    frame = pa.table({"unit": units, **{f"k{j}": part for j, part in enumerate(touched)},
-                      "seq": records.column("seq"), "row": np.arange(len(records))}).filter(pa.array(keep))
+    # Sort by (unit, table, key, seq); a lifetime starts at a new key or just after a DELETE.
+    frame = pa.table({"group": groups, **{f"k{j}": part for j, part in enumerate(touched)},
+                      "seq": records.column("seq"), "row": np.arange(len(records))}).filter(pa.array(~left))
     if not len(frame):
         return LINES_SCHEMA.empty_table(), left
-    order = pc.sort_indices(frame, sort_keys=[("unit", "ascending"), *[(f"k{j}", "ascending") for j in range(len(key))],
+    order = pc.sort_indices(frame, sort_keys=[("group", "ascending"), *[(f"k{j}", "ascending") for j in range(len(key))],
                                               ("seq", "ascending")], null_placement="at_end")
     frame = frame.take(order)
     rows = frame.column("row").to_numpy()
     n = len(rows)
-    unit_sorted = frame.column("unit").to_numpy()
+    group_sorted = frame.column("group").to_numpy()
     new_key = np.ones(n, dtype=bool)
     if n > 1:
-        same = unit_sorted[1:] == unit_sorted[:-1]
+        same = group_sorted[1:] == group_sorted[:-1]
         for j in range(len(key)):
             part = frame.column(f"k{j}").combine_chunks()
             same &= _same(part.slice(1), part.slice(0, n - 1))
@@ -201,27 +231,32 @@ def _table_lines(records: pa.Table, plan: TablePlan) -> tuple[pa.Table | None, n
     if isinstance(lines, pa.ChunkedArray):
         lines = lines.combine_chunks()
     step = np.where(staged, STEP["D"], STEP["I"]).astype(np.int8)
-    out = pa.table({"unit": unit_sorted[starts], "table": pa.repeat(pa.scalar(plan.source), len(starts)),
+    which = batch.which[rows[starts]]
+    out = pa.table({"unit": units[rows[starts]], "table": batch.tables_of(which),
                     "kind": pc.if_else(pa.array(kind == "I"), "I", pc.if_else(pa.array(kind == "D"), "D", "U")),
                     "step": step, "line": lines},
                    schema=LINES_SCHEMA)
-    return out.take(pc.sort_indices(out, sort_keys=[("unit", "ascending"), ("step", "ascending")])), left
+    # Each (unit, table, step) contiguous: the group (unit, then table) first.
+    out = out.append_column("group", pa.array(group_sorted[starts]))
+    return out.take(pc.sort_indices(out, sort_keys=[("group", "ascending"), ("step", "ascending")])) \
+        .drop_columns(["group"]), left
 
 
-def _own_net_change(units: np.ndarray, after: pa.Table, plan: TablePlan, key: tuple[str, ...]) -> pa.Table | None:
-    """INSERTs only, each key once per unit: the records are their own net change, in
-    order (units ascend along the trail), one I line each. None when a key repeats."""
-    if not _keys_unique(units, [after.column(k) for k in key]):
+def _own_net_change(batch: _Batch, after: pa.Table, key: tuple[str, ...]) -> pa.Table | None:
+    """INSERTs only, each key once per (unit, table): the records are their own net
+    change, one I line each. None when a key repeats."""
+    if not _keys_unique(batch.groups, [after.column(k) for k in key]):
         return None
-    return _insert_lines(units, copy_lines([copy_values(after.column(c)) for c in plan.columns]), plan)
+    return _insert_lines(batch, copy_lines([copy_values(after.column(c)) for c in batch.plan.columns]))
 
 
-def _lines_net_change(units: np.ndarray, lines, plan: TablePlan) -> pa.Table | None:
+def _lines_net_change(batch: _Batch) -> pa.Table | None:
     """_own_net_change for inserts whose COPY lines the trail carries (capture wrote them
     in the plan's layout: trusted_lines keeps no other). The key's values are the line's
     fields at the key's columns, as COPY text: equal text, equal value. None when a key
     repeats."""
-    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    plan = batch.plan
+    lines = batch.records.column("copy_line").combine_chunks()
     if plan.keyless:
         keys = [lines]
     elif tuple(plan.key) == plan.columns[:1] and len(plan.columns) > 1:
@@ -230,9 +265,9 @@ def _lines_net_change(units: np.ndarray, lines, plan: TablePlan) -> pa.Table | N
         at = [plan.columns.index(k) for k in plan.key]
         split = pc.split_pattern(lines, "\t", max_splits=max(at) + 1)
         keys = [pc.list_element(split, i) for i in at]
-    if not _keys_unique(units, keys):
+    if not _keys_unique(batch.groups, keys):
         return None
-    return _insert_lines(units, lines, plan)
+    return _insert_lines(batch, lines)
 
 
 def _first_fields(lines: pa.Array) -> pa.Array:
@@ -247,65 +282,110 @@ def _first_fields(lines: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(lines), [None, pa.py_buffer(new_offsets), pa.py_buffer(data)])
 
 
-def _keys_unique(units: np.ndarray, keys: list) -> bool:
-    """Whether no key (the values of `keys` at one position) repeats in a unit. A single
-    column of keys that repeat nowhere (new rows, the usual case) needs no grouping.
-    Text keys are checked as one text per record, the unit and the fields joined at
-    tabs, with a hash of those texts: Table.group_by would import Arrow's query engine,
-    and with it pandas (0.17 s on the first chunk's path), for the same answer. A COPY
-    line's fields never hold a tab (it is escaped); an image's text key that does may
-    look like another key, which only sends its table the slower way (None above)."""
-    if len(keys) == 1 and len(pc.unique(keys[0])) == len(units):
+def _keys_unique(groups: np.ndarray, keys: list) -> bool:
+    """Whether no key (the values of `keys` at one position) repeats in a group (a unit
+    of one table). A single column of keys that repeat nowhere (new rows, the usual
+    case) needs no grouping. Text keys are checked as one text per record, the group and
+    the fields joined at tabs, with a hash of those texts: Table.group_by would import
+    Arrow's query engine, and with it pandas (0.17 s on the first chunk's path), for the
+    same answer. A COPY line's fields never hold a tab (it is escaped); an image's text
+    key that does may look like another key, which only sends its table the slower way
+    (None above)."""
+    if len(keys) == 1 and len(pc.unique(keys[0])) == len(groups):
         return True
     keys = [key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key for key in keys]
     if all(pa.types.is_string(key.type) for key in keys):
-        joined = pc.binary_join_element_wise(pa.array(units).cast(pa.string()), *keys, "\t")
-        return pc.count(joined).as_py() == len(units) and len(pc.unique(joined)) == len(units)
-    keyed = pa.table({**{f"k{j}": part for j, part in enumerate(keys)}, "__unit": units})
-    counts = keyed.group_by(["__unit", *keyed.schema.names[:-1]], use_threads=False).aggregate([("__unit", "count")])
-    return len(counts) == len(units)
+        joined = pc.binary_join_element_wise(pa.array(groups).cast(pa.string()), *keys, "\t")
+        return pc.count(joined).as_py() == len(groups) and len(pc.unique(joined)) == len(groups)
+    keyed = pa.table({**{f"k{j}": part for j, part in enumerate(keys)}, "__group": groups})
+    counts = keyed.group_by(["__group", *keyed.schema.names[:-1]], use_threads=False).aggregate([("__group", "count")])
+    return len(counts) == len(groups)
 
 
-def _insert_lines(units: np.ndarray, lines, plan: TablePlan) -> pa.Table:
-    """One I line per record, in the records' order."""
-    n = len(units)
-    return pa.table({"unit": units, "table": pa.repeat(pa.scalar(plan.source), n), "kind": pa.repeat(pa.scalar("I"), n),
-                     "step": np.full(n, STEP["I"], dtype=np.int8),
-                     "line": lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines},
-                    schema=LINES_SCHEMA)
+def _insert_lines(batch: _Batch, lines) -> pa.Table:
+    """One I line per record, each (unit, table)'s in the records' order."""
+    n = len(batch.units)
+    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    out = pa.table({"unit": batch.units, "table": batch.tables_of(batch.which), "kind": pa.repeat(pa.scalar("I"), n),
+                    "step": np.full(n, STEP["I"], dtype=np.int8), "line": lines}, schema=LINES_SCHEMA)
+    if len(batch.sources) == 1:
+        return out  # units ascend along the trail
+    return out.take(pa.array(np.argsort(batch.groups, kind="stable")))
 
 
 def net_lines(data: pa.Table, plans: dict[str, TablePlan]) -> tuple[pa.Table, np.ndarray]:
     """data: unit, seq, table, op, before, after (the applied DML records of mapped
     tables, seq in commit order). Returns the COPY lines (LINES_SCHEMA) of every (unit,
     table) this module can net, each (unit, table, step) contiguous, and a mask of the
-    records left for the Spark transform."""
+    records left for the Spark transform.
+
+    The cost is per batch of tables, not per table: the tables whose plans agree on
+    columns, types and key (`_signature`; hundreds of tables often come in a few such
+    layouts) are netted in one pass, their images parsed in one JSON read, each kernel
+    run once over all of them, the (unit, table) taking the place of the unit. A batch
+    that one pass cannot take (an image that does not parse, a key repeated in a table's
+    lined inserts) is netted again table by table, as each table alone would be."""
     left = np.zeros(len(data), dtype=bool)
     if not len(data):
         return LINES_SCHEMA.empty_table(), left
     tables = data.column("table").combine_chunks().dictionary_encode()
     codes = tables.indices.to_numpy()
+    names = tables.dictionary.to_pylist()
     units = data.column("unit").to_numpy()
     # Inserts whose COPY line the trail carries (trusted_lines kept only the plans' layouts).
     lined = _bools(pc.and_(pc.is_valid(data.column("copy_line")), pc.equal(data.column("op"), "INSERT"))) \
         if "copy_line" in data.schema.names else np.zeros(len(data), dtype=bool)
-    out = []
-    for code, name in enumerate(tables.dictionary.to_pylist()):
-        mask = codes == code
+    all_lined = np.bincount(codes, weights=~lined, minlength=len(names)) == 0
+
+    def batch_of(batch_codes: list[int]) -> _Batch:
+        mask = np.isin(codes, batch_codes)
         rows = np.flatnonzero(mask)
+        which = np.zeros(len(names), dtype=np.int64)
+        which[batch_codes] = np.arange(len(batch_codes))
         # filter, not take: a take across the chunks of the file's columns costs 4x (measured)
-        lines = _lines_net_change(units[rows], data.column("copy_line").filter(pa.array(mask)), plans[name]) \
-            if lined[rows].all() else None
-        if lines is not None:
-            out.append(lines)
-            continue
-        if "after" not in data.schema.names:
-            raise ImagesNeeded(name)
-        lines, left_units = _table_lines(data.filter(pa.array(mask)), plans[name])
+        return _Batch(data.filter(pa.array(mask)), rows, units[rows], which[codes[rows]], plans[names[batch_codes[0]]],
+                      tuple(names[code] for code in batch_codes))
+
+    out, imaged = [], [code for code in range(len(names)) if not all_lined[code]]
+    lined_tables = [code for code in range(len(names)) if all_lined[code]]
+    for batch_codes, lines in _per_batch(_batches(lined_tables, names, plans),
+                                         lambda batch_codes: _lines_net_change(batch_of(batch_codes))):
         if lines is None:
-            left[rows] = True
+            imaged += batch_codes  # a key repeats in a unit: its images say how
+        else:
+            out.append(lines)
+    if imaged and "after" not in data.schema.names:
+        raise ImagesNeeded(names[imaged[0]])
+
+    def net(batch_codes: list[int]):
+        batch = batch_of(batch_codes)
+        lines, left_rows = _tables_lines(batch)
+        return None if lines is None else (batch, lines, left_rows)
+    for batch_codes, made in _per_batch(_batches(imaged, names, plans), net):
+        if made is None:
+            left[np.isin(codes, batch_codes)] = True
             continue
-        if len(left_units):
-            left[rows[np.isin(units[rows], left_units)]] = True
+        batch, lines, left_rows = made
+        left[batch.rows[left_rows]] = True
         out.append(lines)
     return (pa.concat_tables(out) if out else LINES_SCHEMA.empty_table()), left
+
+
+def _per_batch(batches: list[list[int]], net):
+    """(codes, net(codes)) for each batch; a batch `net` cannot take (None) again table by
+    table, as each table alone would be."""
+    for batch_codes in batches:
+        made = net(batch_codes)
+        if made is None and len(batch_codes) > 1:
+            for code in batch_codes:
+                yield [code], net([code])
+        else:
+            yield batch_codes, made
+
+
+def _batches(codes: list[int], names: list[str], plans: dict[str, TablePlan]) -> list[list[int]]:
+    """The tables (by code) in batches of one `_signature`."""
+    batches: dict[tuple, list[int]] = {}
+    for code in codes:
+        batches.setdefault(_signature(plans[names[code]]), []).append(code)
+    return list(batches.values())

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from trailbound.replicat import target as tgt
 from trailbound.replicat.chunks import Chunk
 from trailbound.replicat.net import Shape, arrow, backend_for
-from trailbound.replicat.net.rows import NetRows, UnitTable
+from trailbound.replicat.net.rows import NetRows
 
 
 def _grouped(table: pa.Table) -> pa.Table:
@@ -60,11 +60,7 @@ def compute_net(start_spark, chunk: Chunk, plans: dict[str, tgt.TablePlan | None
     rows = _net_rows(start_spark, chunk, chosen, plans, mapped_names, workdir, timer) if len(chosen) else NetRows([])
     began = time.perf_counter()
     for unit, table in replay:
-        entries = rows.units.setdefault(unit, [])
-        entry = next((e for e in entries if e.table == table), None)
-        if entry is None:
-            entries.append(entry := UnitTable(table))
-        entry.unresolved = True
+        rows.entry(unit, table).unresolved = True
     if timer:
         timer.add("prepare: index the COPY lines", time.perf_counter() - began)
     return rows

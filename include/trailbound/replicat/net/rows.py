@@ -33,7 +33,8 @@ class NetRows:
     def __init__(self, parts: list[pa.Table]):
         self._buffers: list[tuple[memoryview, np.ndarray]] = []
         self.units: dict[int, list[UnitTable]] = {}
-        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its unit
+        self._entries: dict[tuple[int, str], UnitTable] = {}  # the same entries, found by (unit, table)
+        self.staged: dict[str, memoryview] = {}   # per table: every staged line, led by its table and unit
         for table in parts:
             if len(table):
                 self._add(table)
@@ -41,7 +42,8 @@ class NetRows:
 
     def _stage(self, parts: list[pa.Table]) -> None:
         """The staging table's COPY text per table: the staged lines (step 1) of every
-        part, each led by its unit."""
+        part, each led by its table (COPY text) and unit: tables whose staging rows have
+        the same types share a staging table (apply/serial.py)."""
         pieces: dict[str, list[pa.Buffer]] = {}
         for table in parts:
             if not len(table):
@@ -57,7 +59,8 @@ class NetRows:
             order = np.argsort(codes, kind="stable")
             codes = codes[order]
             staged = staged.take(pa.array(order))
-            led = pc.binary_join_element_wise(staged.column("unit").cast(pa.string()), staged.column("line"),
+            led = pc.binary_join_element_wise(copytext.copy_values(staged.column("table")),
+                                              staged.column("unit").cast(pa.string()), staged.column("line"),
                                               "\t").combine_chunks()
             dictionary = names.dictionary.to_pylist()
             cuts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1], True]).tolist()
@@ -84,12 +87,8 @@ class NetRows:
         cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
                                     (steps[1:] != steps[:-1]), True])
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            unit, name, step = int(units[a]), dictionary[codes[a]], int(steps[a])
-            entries = self.units.setdefault(unit, [])
-            entry = next((e for e in entries if e.table == name), None)
-            if entry is None:
-                entry = UnitTable(name)
-                entries.append(entry)
+            entry = self.entry(int(units[a]), dictionary[codes[a]])
+            step = int(steps[a])
             if step == 0:
                 entry.unresolved = True
             elif step == 1:
@@ -98,6 +97,14 @@ class NetRows:
                 entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
             else:
                 entry.inserts = (part, a, b)
+
+    def entry(self, unit: int, table: str) -> UnitTable:
+        """The (unit, table)'s entry, added (in the unit's order of tables) if new."""
+        entry = self._entries.get((unit, table))
+        if entry is None:
+            entry = self._entries[unit, table] = UnitTable(table)
+            self.units.setdefault(unit, []).append(entry)
+        return entry
 
     def staged_to_merge(self) -> dict[str, memoryview]:
         """`staged` of the tables with staged lines the set-based merge reads: a (unit,
