@@ -107,21 +107,24 @@ def great_expectations_result(table: pa.Table, expectations: list[Expectation]) 
 
     context = _context()
     batch = (context.data_sources.add_pandas("checked").add_dataframe_asset(name="table")
-             .add_batch_definition_whole_dataframe("whole").get_batch(batch_parameters={"dataframe": table.to_pandas()}))
+             .add_batch_definition_whole_dataframe("whole")
+             .get_batch(batch_parameters={"dataframe": table.to_pandas()}))
     suite = context.suites.add(gx.ExpectationSuite(name="check"))
     for expectation in expectations:
         # expect_column_values_to_be_in_set -> gx.expectations.ExpectColumnValuesToBeInSet
         kind = "".join(word.title() for word in expectation.type.split("_"))
         suite.add_expectation(getattr(gx.expectations, kind)(**expectation.kwargs))
     lines = []
-    for expectation, result in zip(expectations, batch.validate(suite).results):
-        detail = result.result or {}
-        lines.append(f"{'ok ' if result.success else 'BAD'} {expectation.name}"
-                     + ("" if result.success or "unexpected_count" not in detail else
-                        f": {detail['unexpected_count']} unexpected, e.g. {detail.get('partial_unexpected_list', [])[:5]}")
-                     + ("" if result.success or "observed_value" not in detail else
-                        f": observed {detail['observed_value']}"))
-    return lines
+    for result in batch.validate(suite).results:  # not in the suite's order
+        config, detail = result.expectation_config, result.result or {}
+        line = f"{'ok ' if result.success else 'BAD'} {Expectation(config.type, dict(config.kwargs)).name}"
+        if not result.success and "unexpected_count" in detail:
+            line += f": {detail['unexpected_count']} unexpected, e.g. {detail.get('partial_unexpected_list', [])[:5]}"
+        elif not result.success and "observed_value" in detail:
+            line += f": observed {detail['observed_value']}"
+        lines.append(line)
+    order = {expectation.name: n for n, expectation in enumerate(expectations)}
+    return sorted(lines, key=lambda line: order.get(line[4:].split(":")[0], len(order)))
 
 
 def _context():
