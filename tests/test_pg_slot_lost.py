@@ -174,7 +174,8 @@ def test_a_slot_advanced_by_hand_or_invalidated_by_the_server_is_refused(source_
 @pytest.mark.spark
 @pytest.mark.long_running(90)
 def test_a_slot_dropped_and_created_again_is_refused_and_the_way_back_converges(source_dsn, target_dsn, metadata_dsn,
-                                                                                store, spark, tmp_path, monkeypatch):
+                                                                                store, spark, tmp_path, monkeypatch,
+                                                                                spark_remote):
     """Dropped and created again under the same name while inserts, updates and deletes
     go on: refused, naming both positions; after `alter source --accept-gap` the target
     misses the gap's changes; a load between watermarks (docs/live-postgres.md's way
@@ -214,7 +215,9 @@ def test_a_slot_dropped_and_created_again_is_refused_and_the_way_back_converges(
     assert "load the tables again" in accepted.stdout
     round_trip()
     assert digests(target_dsn, tables) != digests(source_dsn, tables), "the gap's changes cannot have arrived"
-    loaded = _cli(config_path, source_dsn, "load", "PG", "REP1", "--mode", "watermark", "--chunk-rows", "1000")
+    # The operator's command, its Spark work on the worker's warm JVM (Connect): no JVM of its own.
+    loaded = _cli(config_path, source_dsn, "--remote", spark_remote, "load", "PG", "REP1", "--mode", "watermark",
+                  "--chunk-rows", "1000")
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     round_trip()
     assert digests(target_dsn, tables) == digests(source_dsn, tables)

@@ -15,8 +15,8 @@ table), `stats.py` (STATS, LAG, VIEW REPORT, SEND REPLICAT ... STATUS as text),
 `metrics.py` (Prometheus text), `heartbeat.py` (the heartbeat's names, stamps and
 end-to-end lag, docs/heartbeat.md), `idle.py` (the checks made before starting Spark),
 `overlap.py` (`trailbound replicate`: a source's stages at once, each a loop of runs),
-`quality.py` (Great Expectations checks). Shared by all: `positions.py`,
-`errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
+`quality.py` (data checks: Great Expectations' expectations, evaluated with Arrow).
+Shared by all: `positions.py`, `errors.py`, `config.py`, `durable.py`, `files.py` (the one file-system layer),
 `tables.py` (TABLE patterns), `keyranges.py` (key ranges for the load and the
 compare), `grouplock.py`, `ggsci.py` (how INFO writes times and
 lags), `copytext.py` (COPY text from JSON images), `crash.py` (named crash points),

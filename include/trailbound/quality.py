@@ -1,6 +1,6 @@
-"""Data-quality checks with Great Expectations: new trail files after a capture run, and
-the replica after a replicat run (validate_replica, against replicat/expected.py, or for a
-live PostgreSQL source a compare with the source itself: validate_compare).
+"""Data-quality checks: new trail files after a capture run, and the replica after a
+replicat run (validate_replica, against replicat/expected.py, or for a live PostgreSQL
+source a compare with the source itself: validate_compare).
 
 The checks a user relies on, as expectations on the trail's records:
 - commit order: CSNs never decrease, and no record sorts before the one above it by
@@ -9,6 +9,14 @@ The checks a user relies on, as expectations on the trail's records:
 - no record belongs to a transaction the archive shows rolled back;
 - the record count equals what the files' own metadata says.
 The Airflow capture DAG runs this after each run (the engine stays Airflow-free).
+
+Each check is a list of Great Expectations' expectations (their types and arguments),
+evaluated here with Arrow: they are all simple (values in a set, increasing, two columns
+equal, a row count), and importing Great Expectations costs ~10 CPU-seconds, paid by every
+task process that checks, two per DAG cycle. When a check fails, Great Expectations
+validates the same table with the same expectations and its result (how many values were
+unexpected, a sample of them) goes into the report: failures are rare, and the verdict is
+then Great Expectations' as well (tests/test_quality.py holds the two to agreeing).
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -27,7 +36,6 @@ from trailbound.archive.segments import Segment
 from trailbound.positions import CSN_COLUMNS, TRAIL_ORDER
 
 log = logging.getLogger(__name__)
-_ORDER = list(TRAIL_ORDER)
 
 
 @dataclass
@@ -35,11 +43,99 @@ class QualityReport:
     success: bool
     checked: str
     expectations: list[tuple[str, bool]] = field(default_factory=list)
+    # Great Expectations' own result on a failed check: one line per expectation.
+    great_expectations: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         lines = [f"{'PASSED' if self.success else 'FAILED'}: {self.checked}"]
         lines += [f"  {'ok ' if ok else 'BAD'} {name}" for name, ok in self.expectations]
+        if self.great_expectations:
+            lines += ["  Great Expectations on the same table:"] + [f"    {line}" for line in self.great_expectations]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One of Great Expectations' expectations: its type (expect_column_values_to_be_in_set,
+    ...) and arguments (column, value_set, ...), as Great Expectations takes them."""
+
+    type: str
+    kwargs: dict
+
+    @property
+    def name(self) -> str:
+        columns = [self.kwargs[k] for k in ("column", "column_A", "column_B") if self.kwargs.get(k) is not None]
+        return self.type + (f"({', '.join(columns)})" if columns else "")
+
+
+def _unexpected(table: pa.Table, expectation: Expectation) -> int:
+    """How many rows of `table` break `expectation` (for a row count: 1 if it does), with
+    Great Expectations' meaning: a column's missing values are not checked, and a pair of
+    columns both missing counts as equal."""
+    kind, kwargs = expectation.type, expectation.kwargs
+    if kind == "expect_table_row_count_to_equal":
+        return int(table.num_rows != kwargs["value"])
+    if kind == "expect_column_pair_values_to_be_equal":
+        a, b = table[kwargs["column_A"]], table[kwargs["column_B"]]
+        equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+        return table.num_rows - pc.sum(equal).as_py() if table.num_rows else 0
+    column = table[kwargs["column"]].drop_null()
+    if kind in ("expect_column_values_to_be_in_set", "expect_column_values_to_not_be_in_set"):
+        found = pc.sum(pc.is_in(column, value_set=pa.array(kwargs["value_set"], column.type))).as_py() or 0
+        return len(column) - found if kind == "expect_column_values_to_be_in_set" else found
+    if kind == "expect_column_values_to_be_increasing":
+        steps = np.diff(column.to_numpy())
+        return int(np.count_nonzero(steps <= 0 if kwargs.get("strictly") else steps < 0))
+    raise ValueError(f"no Arrow evaluation for the expectation {kind}")
+
+
+def _check(table: pa.Table, expectations: list[Expectation], checked: str) -> QualityReport:
+    """Evaluate `expectations` on `table`; on a failure, Great Expectations' result too."""
+    results = [(expectation.name, _unexpected(table, expectation) == 0) for expectation in expectations]
+    report = QualityReport(all(ok for _, ok in results), checked, results)
+    if not report.success:
+        report.great_expectations = great_expectations_result(table, expectations)
+    log.info(report.describe())
+    return report
+
+
+def great_expectations_result(table: pa.Table, expectations: list[Expectation]) -> list[str]:
+    """Great Expectations validates `table` with `expectations`: per expectation, a line with
+    its verdict and, when it failed, how many values were unexpected and a few of them."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+
+    context = _context()
+    batch = (context.data_sources.add_pandas("checked").add_dataframe_asset(name="table")
+             .add_batch_definition_whole_dataframe("whole")
+             .get_batch(batch_parameters={"dataframe": table.to_pandas()}))
+    suite = context.suites.add(gx.ExpectationSuite(name="check"))
+    for expectation in expectations:
+        # expect_column_values_to_be_in_set -> gx.expectations.ExpectColumnValuesToBeInSet
+        kind = "".join(word.title() for word in expectation.type.split("_"))
+        suite.add_expectation(getattr(gx.expectations, kind)(**expectation.kwargs))
+    lines = []
+    for result in batch.validate(suite).results:  # not in the suite's order
+        config, detail = result.expectation_config, result.result or {}
+        line = f"{'ok ' if result.success else 'BAD'} {Expectation(config.type, dict(config.kwargs)).name}"
+        if not result.success and "unexpected_count" in detail:
+            line += f": {detail['unexpected_count']} unexpected, e.g. {detail.get('partial_unexpected_list', [])[:5]}"
+        elif not result.success and "observed_value" in detail:
+            line += f": observed {detail['observed_value']}"
+        lines.append(line)
+    order = {expectation.name: n for n, expectation in enumerate(expectations)}
+    return sorted(lines, key=lambda line: order.get(line[4:].split(":")[0], len(order)))
+
+
+def _context():
+    """An in-memory Great Expectations context without progress bars: they would fill
+    task logs with carriage-return noise."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
 
 
 def rolled_back_xids(segments: list[Segment]) -> set[str]:
@@ -59,58 +155,61 @@ def rolled_back_xids(segments: list[Segment]) -> set[str]:
     return xids
 
 
-def _indicators_ok(frame: pd.DataFrame) -> pd.Series:
+def _same_as_previous(table: pa.Table, columns) -> np.ndarray:
+    """Per record: equal to the record above it in all `columns` (the first: False)."""
+    same = np.zeros(table.num_rows, dtype=bool)
+    same[1:] = True
+    for column in columns:
+        values = table[column].to_numpy()
+        same[1:] &= values[1:] == values[:-1]
+    return same
+
+
+def _indicators_ok(table: pa.Table) -> np.ndarray:
     """Per record: does its indicator fit its neighbours within the transaction?"""
-    key = frame[list(CSN_COLUMNS)].astype("int64")
-    same_as_previous = (key == key.shift(1)).all(axis=1)
-    same_as_next = (key == key.shift(-1)).all(axis=1)
-    first, last = ~same_as_previous, ~same_as_next
-    expected = pd.Series(1, index=frame.index)
+    same_as_previous = _same_as_previous(table, CSN_COLUMNS)
+    first = ~same_as_previous
+    last = np.ones(table.num_rows, dtype=bool)
+    last[:-1] = ~same_as_previous[1:]
+    expected = np.full(table.num_rows, trail.MIDDLE)
     expected[first & ~last] = trail.BEGIN
     expected[~first & last] = trail.END
     expected[first & last] = trail.WHOLE
-    return frame["trans_ind"].astype("int64") == expected
+    return table["trans_ind"].to_numpy() == expected
 
 
-def _in_order(frame: pd.DataFrame) -> pd.Series:
-    keys = list(frame[_ORDER].astype("int64").itertuples(index=False, name=None))
-    return pd.Series([True] + [a <= b for a, b in zip(keys, keys[1:])], index=frame.index)
+def _in_commit_order(table: pa.Table) -> np.ndarray:
+    """Per record: does it sort at or after the record above it by TRAIL_ORDER?"""
+    before = np.zeros(max(table.num_rows - 1, 0), dtype=bool)
+    equal = np.ones(max(table.num_rows - 1, 0), dtype=bool)
+    for column in TRAIL_ORDER:
+        values = table[column].to_numpy()
+        before |= equal & (values[:-1] < values[1:])
+        equal &= values[:-1] == values[1:]
+    ok = np.ones(table.num_rows, dtype=bool)
+    ok[1:] = before | equal
+    return ok
 
 
 def validate_trail_files(files: list[Path], segments: list[Segment]) -> QualityReport:
-    """Validate trail files (in seqno order) with Great Expectations."""
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
-    import great_expectations as gx
-
+    """Validate trail files (in seqno order)."""
     if not files:
         return QualityReport(True, "no new trail files")
-    tables = [trail.read_file(path) for path in files]
+    columns = [*TRAIL_ORDER, "trans_ind", "xid"]
+    table = pa.concat_tables([trail.read_file(path).select(columns) for path in files])
     expected_count = sum(trail.read_metadata(path)["records"] for path in files)
-    frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
-    frame["in_commit_order"] = _in_order(frame)
-    frame["indicator_well_formed"] = _indicators_ok(frame)
-
-    context = _context()
-    batch = (context.data_sources.add_pandas("trail").add_dataframe_asset(name="records")
-             .add_batch_definition_whole_dataframe("new files").get_batch(batch_parameters={"dataframe": frame}))
-    suite = context.suites.add(gx.ExpectationSuite(name="trail"))
+    table = (table.append_column("in_commit_order", pa.array(_in_commit_order(table)))
+             .append_column("indicator_well_formed", pa.array(_indicators_ok(table))))
     expectations = [
-        gx.expectations.ExpectColumnValuesToBeIncreasing(column="csn", strictly=False),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="in_commit_order", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="trans_ind", value_set=[0, 1, 2, 3]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="indicator_well_formed", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToNotBeInSet(column="xid", value_set=sorted(rolled_back_xids(segments))),
-        gx.expectations.ExpectTableRowCountToEqual(value=expected_count),
+        Expectation("expect_column_values_to_be_increasing", {"column": "csn", "strictly": False}),
+        Expectation("expect_column_values_to_be_in_set", {"column": "in_commit_order", "value_set": [True]}),
+        Expectation("expect_column_values_to_be_in_set", {"column": "trans_ind", "value_set": [0, 1, 2, 3]}),
+        Expectation("expect_column_values_to_be_in_set", {"column": "indicator_well_formed", "value_set": [True]}),
+        Expectation("expect_column_values_to_not_be_in_set",
+                    {"column": "xid", "value_set": sorted(rolled_back_xids(segments))}),
+        Expectation("expect_table_row_count_to_equal", {"value": expected_count}),
     ]
-    for expectation in expectations:
-        suite.add_expectation(expectation)
-    result = batch.validate(suite)
-    report = QualityReport(bool(result.success), f"{len(frame)} records in {', '.join(p.name for p in files)}",
-                           [(r.expectation_config.type + _column(r.expectation_config), bool(r.success))
-                            for r in result.results])
-    log.info(report.describe())
-    return report
-
+    return _check(table, expectations, f"{table.num_rows} records in {', '.join(p.name for p in files)}")
 
 
 @dataclass
@@ -139,22 +238,6 @@ def validate_new_trail(store, group: str, source: str, after_seqno: int) -> Trai
     return TrailCheck(report, files, str(state.write.position),
                       str(state.write.last_csn) if state.write.last_csn else None)
 
-def _context():
-    """An in-memory Great Expectations context without progress bars: they would fill
-    task logs with carriage-return noise."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    return context
-
-
-def _column(config) -> str:
-    kwargs = config.kwargs
-    columns = [kwargs[k] for k in ("column", "column_A", "column_B") if kwargs.get(k)]
-    return f"({', '.join(columns)})" if columns else ""
-
 
 def _copy_text(value) -> str:
     """A truth value (contract encoding) as a COPY text field."""
@@ -170,35 +253,25 @@ def _copy_text(value) -> str:
 
 
 def validate_compare(report) -> QualityReport:
-    """Great Expectations on a compare's figures (compare/run.py), per target table: no
+    """Expectations on a compare's figures (compare/run.py), per target table: no
     row missing, extra or different once confirmed. Rows still in flight (the replicat
     was not past them) are named in the description and do not fail the check; a later
     compare confirms them."""
-    import great_expectations as gx
-
-    frame = pd.DataFrame([t.figures() for t in report.tables])
-    context = _context()
-    batch = (context.data_sources.add_pandas("compare").add_dataframe_asset(name="tables")
-             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
-    suite = context.suites.add(gx.ExpectationSuite(name="compare"))
-    for column in ("missing", "extra", "different"):
-        suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(column=column, value_set=[0]))
-    result = batch.validate(suite)
+    table = pa.table({"target_table": pa.array([t.spec.target for t in report.tables], pa.string()),
+                      **{column: pa.array([getattr(t, column) for t in report.tables], pa.int64())
+                         for column in ("missing", "extra", "different")}})
     differing = [t.spec.source for t in report.tables if t.out_of_sync_rows]
     report_text = (f"{len(report.tables)} target tables against source {report.source} (compare run {report.run_id}, "
                    f"{report.rows_compared} rows, report {report.report_file})"
                    + (f"; differing: {', '.join(differing)}" if differing else "")
                    + (f"; {report.in_flight} row(s) in flight, not confirmed yet" if report.in_flight else ""))
-    checked = QualityReport(bool(result.success), report_text,
-                            [(r.expectation_config.type + _column(r.expectation_config), bool(r.success))
-                             for r in result.results])
-    log.info(checked.describe())
-    return checked
+    return _check(table, [Expectation("expect_column_values_to_be_in_set", {"column": column, "value_set": [0]})
+                          for column in ("missing", "extra", "different")], report_text)
 
 
 def validate_replica(config, store, group: str, *, spark=None, source_dsn: str | None = None,
                      target_dsn: str | None = None) -> QualityReport:
-    """Great Expectations on the replica, per target table: the rows the expected state
+    """Expectations on the replica, per target table: the rows the expected state
     names are there with the same values (count and checksum), and the keys it says are
     gone are not. The expected state is the source's `truth` file once the replicat has
     applied through it, else the fold of the trail it applied (replicat/expected.py).
@@ -210,8 +283,6 @@ def validate_replica(config, store, group: str, *, spark=None, source_dsn: str |
     is not past yet stay in flight) and checked with validate_compare. The DSNs not given
     are read from the variables the configuration names."""
     import json
-
-    import great_expectations as gx
 
     replicat = config.replicat(group)
     if config.source(replicat.source).postgres is not None:
@@ -254,26 +325,20 @@ def validate_replica(config, store, group: str, *, spark=None, source_dsn: str |
                     connection.rollback()  # drops the temp tables; nothing was written
     finally:
         connection.close()
-    frame = pd.DataFrame(results, columns=["table", "target_rows", "expected_rows", "target_md5", "expected_md5",
-                                           "target_keys", "expected_keys", "gone_but_present"])
-    context = _context()
-    batch = (context.data_sources.add_pandas("replica").add_dataframe_asset(name="tables")
-             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
-    suite = context.suites.add(gx.ExpectationSuite(name="replica"))
-    for a, b in (("target_rows", "expected_rows"), ("target_md5", "expected_md5"), ("target_keys", "expected_keys")):
-        suite.add_expectation(gx.expectations.ExpectColumnPairValuesToBeEqual(column_A=a, column_B=b))
-    suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(column="gone_but_present", value_set=[0]))
-    result = batch.validate(suite)
+    columns = {"table": pa.string(), "target_rows": pa.int64(), "expected_rows": pa.int64(),
+               "target_md5": pa.string(), "expected_md5": pa.string(), "target_keys": pa.int64(),
+               "expected_keys": pa.int64(), "gone_but_present": pa.int64()}
+    table = pa.table({name: pa.array([r[i] for r in results], kind) for i, (name, kind) in enumerate(columns.items())})
+    expectations = [Expectation("expect_column_pair_values_to_be_equal", {"column_A": a, "column_B": b})
+                    for a, b in (("target_rows", "expected_rows"), ("target_md5", "expected_md5"),
+                                 ("target_keys", "expected_keys"))]
+    expectations.append(Expectation("expect_column_values_to_be_in_set", {"column": "gone_but_present", "value_set": [0]}))
     differing = [r[0] for r in results if (r[1], r[3], r[5], r[7]) != (r[2], r[4], r[6], 0)]
     targets = {r[0]: ".".join(map_name(replicat.map, r[0])) for r in results}
     differing = [f"{name} ({discarded[targets[name]]} discarded operation(s) outstanding: `trailbound discards "
                  f"{group}`)" if discarded.get(targets[name]) else name for name in differing]
-    report = QualityReport(bool(result.success), f"{len(results)} target tables against {against}"
-                           + (f"; differing: {', '.join(differing)}" if differing else ""),
-                           [(r.expectation_config.type + _column(r.expectation_config), bool(r.success))
-                            for r in result.results])
-    log.info(report.describe())
-    return report
+    return _check(table, expectations, f"{len(results)} target tables against {against}"
+                  + (f"; differing: {', '.join(differing)}" if differing else ""))
 
 
 def _compare_table(cur, table, target: tuple[str, str]) -> tuple:

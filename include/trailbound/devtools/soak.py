@@ -2,7 +2,7 @@
 
     python -m trailbound.devtools.soak [--minutes 30] [--interval 60] [--rate 50] [--accounts 100000]
                                        [--fault-every 150] [--faults task,scheduler,source,target]
-                                       [--spark connect|submit] [--seed N] [--home var/soak]
+                                       [--spark connect|submit] [--no-triggerer] [--seed N] [--home var/soak]
                                        [--report docs/benchmarks/soak.md]
 
 Two throwaway servers of its own under HOME (pg-source, wal_level=logical; pg-target, the
@@ -23,7 +23,9 @@ seconds (jittered) one fault, in a shuffled rotation of:
 The tasks' Spark work runs on a Spark Connect server of the soak's own (HOME/spark-connect,
 local[*]) through the Spark provider's `spark_connect_default` connection, as `make
 airflow` and docker-compose.yaml run it; `--spark submit` makes each capture task
-spark-submit its job instead (a JVM per run, as before Spark Connect).
+spark-submit its job instead (a JVM per run, as before Spark Connect). `--no-triggerer`
+starts no triggerer: none of the soak's DAGs defers a task, so it only idles (~20 CPU-s
+over a short soak; the test suite's soak leaves it out, `make soak` runs it).
 
 Lag is sampled every 5 s: the source's newest pgbench_history row minus the newest applied
 to the target (pgbench stamps each with its transaction's time): end-to-end lag while
@@ -139,6 +141,7 @@ class Soak:
     bound: float
     spark_mode: str = "connect"   # or "submit"
     accounts: int = PGBENCH_ACCOUNTS
+    triggerer: bool = True        # none of DAGS defers: the triggerer is there as in a deployment
     pgbench_script: list[str] = field(default_factory=list)   # pgbench's built-in transaction, or -f FILE
     started: float = field(default_factory=time.monotonic)
     began: float = 0.0      # seconds from the start to the pipeline's first applied change
@@ -197,10 +200,11 @@ class Soak:
         self.run(["airflow", "db", "migrate"])
         self.run(["airflow", "dags", "reserialize"])  # unpaused as they are created (the environment)
         self.start_api_server()
-        for name in ("scheduler", "triggerer"):
+        for name in ("scheduler", "triggerer") if self.triggerer else ("scheduler",):
             self.start_airflow(name)
         self.start_pgbench()
-        self.say(f"Airflow's api-server, scheduler and triggerer running; pgbench writing {self.rate} tps")
+        self.say(f"Airflow's api-server, {'scheduler and triggerer' if self.triggerer else 'scheduler'} running; "
+                 f"pgbench writing {self.rate} tps")
 
     def load_pgbench_data(self, source_dsn: str) -> None:
         """The first backlog: pgbench's own data load (COPY of 100,000 accounts), or the
@@ -485,7 +489,8 @@ def report(soak: Soak, path: Path, command: str, outcome: dict) -> None:
         f"first applied change ({outcome['setup_seconds']:.0f} s of set-up before it: the servers, Airflow's "
         f"database, the first backlog with pgbench's {soak.accounts:,} accounts); the capture DAG every "
         f"{soak.interval} s (pulling first), pump and replicat on the trail Assets, run by `airflow scheduler` "
-        "(LocalExecutor), `airflow triggerer` and `airflow api-server`; the tasks' Spark "
+        f"(LocalExecutor), {'`airflow triggerer` and ' if soak.triggerer else ''}`airflow api-server`; "
+        "the tasks' Spark "
         + ("on a Spark Connect server (local[*]) through the `spark_connect_default` connection. "
            if soak.spark_mode == "connect" else "by spark-submit, a JVM per capture run. ")
         + "The lag bound: "
@@ -532,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long the set-up and the first backlog may take to reach the target (15)")
     parser.add_argument("--spark", choices=["connect", "submit"], default="connect",
                         help="the tasks' Spark: a Spark Connect server of the soak's (default) or spark-submit per run")
+    parser.add_argument("--no-triggerer", dest="triggerer", action="store_false",
+                        help="start no `airflow triggerer` (no soak DAG defers; the test suite's soak)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--home", type=Path, default=REPO / "var" / "soak")
     parser.add_argument("--report", type=Path, help="write the results here (Markdown) and the lag curve beside it")
@@ -543,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULTS)}")
     soak = Soak(args.home.resolve(), args.interval, args.rate, args.bound or 4 * args.interval + 120, args.spark,
-                accounts=args.accounts)
+                accounts=args.accounts, triggerer=args.triggerer)
     command = shlex.join(["python", "-m", "trailbound.devtools.soak", *(argv if argv is not None else sys.argv[1:]),
                           *([] if args.seed is not None else ["--seed", str(seed)])])
     print(f"== soak: {command}")
