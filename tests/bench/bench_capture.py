@@ -77,7 +77,7 @@ def _tile(base: Path, archive: Path, copies: int) -> None:
     segments = discover(base)
     for thread in sorted({s.thread for s in segments}):
         own = [s for s in segments if s.thread == thread]
-        scn_span, time_span, count = own[-1].next_scn - own[0].first_scn, own[-1].next_time - own[0].first_time, len(own)
+        scn_span, time_span, count = own[-1].next_scn.value - own[0].first_scn.value, own[-1].next_time - own[0].first_time, len(own)
         for k in range(copies):
             for s in own:
                 table = pq.read_table(s.path)
@@ -94,8 +94,8 @@ def _tile(base: Path, archive: Path, copies: int) -> None:
                 path = archive / contract.data_name(thread, sequence, "parquet")
                 pq.write_table(table, path, compression="zstd")
                 data = path.read_bytes()
-                manifest = {"thread": thread, "sequence": sequence, "first_scn": s.first_scn + k * scn_span,
-                            "next_scn": s.next_scn + k * scn_span,
+                manifest = {"thread": thread, "sequence": sequence, "first_scn": s.first_scn.value + k * scn_span,
+                            "next_scn": s.next_scn.value + k * scn_span,
                             "first_time": f"{s.first_time + k * time_span:%Y-%m-%dT%H:%M:%S.%fZ}",
                             "next_time": f"{s.next_time + k * time_span:%Y-%m-%dT%H:%M:%S.%fZ}",
                             "records": table.num_rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),

@@ -56,17 +56,21 @@ print("plain: wrote", out)
 """
 
 
-def timed(name: str, command: list[str], env: dict[str, str]) -> dict:
+def timed(name: str, command: list[str], env: dict[str, str], server: CpuGroup | None = None) -> dict:
+    """Run `command` as a whole process: its wall time, its tree's CPU-s and, with `server`,
+    the Connect server's CPU-s meanwhile."""
     group = CpuGroup(name)
+    server_before = server.seconds() if server is not None else None
     started = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=group.enter)
     wall = time.perf_counter() - started
     cpu = group.seconds()
+    server_cpu = server.seconds() - server_before if server is not None else None
     group.close()
     if done.returncode:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     last = [line for line in done.stdout.splitlines() if line.strip()]
-    return {"wall_s": wall, "cpu_s": cpu, "said": last[-1][:160] if last else ""}
+    return {"wall_s": wall, "cpu_s": cpu, "server_cpu_s": server_cpu, "said": last[-1][:160] if last else ""}
 
 
 def _environment(work: Path, remote: str | None) -> dict[str, str]:
@@ -80,15 +84,16 @@ def _environment(work: Path, remote: str | None) -> dict[str, str]:
     return env
 
 
-def one_round(work: Path, variant: str, remote: str | None) -> list[dict]:
+def one_round(work: Path, variant: str, remote: str | None, server: CpuGroup | None = None) -> list[dict]:
     archive = work / "archive"
     env = _environment(work, remote)
     shutil.rmtree(work / "plain", ignore_errors=True)
-    plain = timed(f"plain-{variant}", [sys.executable, "-c", PLAIN_JOB, str(archive), str(work / "plain")], env)
+    plain = timed(f"plain-{variant}", [sys.executable, "-c", PLAIN_JOB, str(archive), str(work / "plain")], env, server)
     for leftover in ("dirdat", "brfiles"):
         shutil.rmtree(work / leftover, ignore_errors=True)
     env["TRAILBOUND_METADATA_DSN"] = fresh_database(os.environ["TRAILBOUND_METADATA_DSN"], "trailbound_bench_cli")
-    capture = timed(f"capture-{variant}", [sys.executable, "-m", "trailbound.cli", "extract", "run", "EXT1"], env)
+    capture = timed(f"capture-{variant}", [sys.executable, "-m", "trailbound.cli", "extract", "run", "EXT1"], env,
+                    server)
     return [dict(plain, variant=variant, side="plain read+sort+write"),
             dict(capture, variant=variant, side="trailbound extract run")]
 
@@ -124,11 +129,10 @@ def main() -> int:
     try:
         for repeat in range(1, args.repeat + 1):
             for variant in args.variants:
-                server_cpu = server_group.seconds() if variant == "connect" else None
-                for row in one_round(work, variant, remote if variant == "connect" else None):
-                    if server_cpu is not None:
-                        now = server_group.seconds()
-                        row["server_cpu_s"], server_cpu = now - server_cpu, now
+                # The server's CPU-s are read around each process (the rounds' both rows got
+                # them together before: the plain job's row had the capture's too).
+                connect = variant == "connect"
+                for row in one_round(work, variant, remote if connect else None, server_group if connect else None):
                     row["repeat"] = repeat
                     rows.append(row)
                     print(f"{repeat} {variant:8} {row['side']:24} {row['wall_s']:7.1f} s wall "

@@ -292,12 +292,16 @@ class _TransactionChecks:
     """The cross-record checks of one thread's new records (archive.reader's
     _records_after_end and _nested_subtransactions), fed a segment at a time in log order:
     nothing of a transaction, or of a subtransaction of it, after its first end; no
-    parent_xid naming a subtransaction. It keeps a row per transaction that ended and the
-    distinct subtransaction and parent xids, never the records: a thread's new log may be
-    one transaction of millions of records."""
+    parent_xid naming a subtransaction. It keeps the first end's position of each
+    transaction that ended and the distinct subtransaction and parent xids, never the
+    records: a thread's new log may be one transaction of millions of records.
+
+    The ends are a dict, looked up with a segment's own few hundred xids: a join of each
+    segment against every end so far cost time in the ends seen, 9.7 of a 200,000-record
+    scan's 11.4 CPU-s over 528 segments, and grew with the square of the log's size."""
 
     def __init__(self):
-        self.ends = pa.table({"end_xid": pa.array([], pa.string()), "end_pos": pa.array([], pa.int64())})
+        self.ends: dict[str, int] = {}  # xid: position of its first COMMIT or ROLLBACK
         self.subtransactions: set[str] = set()
         self.parents: set[str] = set()  # parent_xids of records whose xid differs
 
@@ -308,17 +312,19 @@ class _TransactionChecks:
         records = pa.table({"xid": xid, "parent": parent, "pos": position})
         ended = records.filter(pc.is_in(op, value_set=pa.array(contract.END_OPS)))
         if ended.num_rows:
-            # Positions only grow: an end already known stays the first one.
-            new = ended.group_by("xid").aggregate([("pos", "min")]).rename_columns(["end_xid", "end_pos"])
-            new = new.join(self.ends.select(["end_xid"]), "end_xid", join_type="left anti")
-            self.ends = pa.concat_tables([self.ends, new.select(["end_xid", "end_pos"]).cast(self.ends.schema)])
-        if self.ends.num_rows:
-            own = records.join(self.ends, "xid", "end_xid", join_type="inner")
-            if pc.any(pc.greater(own.column("pos"), own.column("end_pos"))).as_py():
-                return False
-            children = records.filter(pc.is_valid(parent)).join(self.ends, "parent", "end_xid", join_type="inner")
-            if children.num_rows and pc.any(pc.greater(children.column("pos"), children.column("end_pos"))).as_py():
-                return False
+            first = ended.group_by("xid", use_threads=False).aggregate([("pos", "min")])
+            for name, at in zip(first.column("xid").to_pylist(), first.column("pos_min").to_pylist()):
+                self.ends.setdefault(name, at)  # positions only grow: a known end stays the first
+        named = pc.unique(pa.chunked_array([xid, parent.cast(xid.type)]).drop_null()).to_pylist()
+        known = [name for name in named if name in self.ends]
+        if known:
+            # Each record's own transaction's end, and its parent's: a record after either fails.
+            names = pa.array(known, xid.type)
+            ends = pa.array([self.ends[name] for name in known], pa.int64())
+            for owner in (xid, parent):
+                end = pc.take(ends, pc.index_in(owner, value_set=names))  # null: no end known
+                if pc.any(pc.greater(position, end)).as_py():
+                    return False
         with_parent = records.filter(pc.is_valid(parent))
         self.subtransactions.update(pc.unique(with_parent.column("xid")).to_pylist())
         self.parents.update(pc.unique(with_parent.filter(pc.not_equal(with_parent.column("xid"),
