@@ -224,6 +224,18 @@ def write_update_trail(rows: int, prefix: Path) -> list:
     return list(trail.write_planned_files(prefix, 1, batches(), group="BENCH", log_bsn=Scn(1)))
 
 
+def commit_trail(meta_dsn: str, prefix: Path, files: list) -> None:
+    """The trail's files listed as committed in the metadata store, as capture commits them."""
+    from trailbound.metadata import MetadataStore
+
+    with MetadataStore.open(meta_dsn) as store, store.transaction() as cur:
+        for f in files:
+            cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
+                        " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
+                        (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
+                         str(f.last_csn), f.log_bsn.value))
+
+
 def preload_orders(target_dsn: str, defs, rows: int) -> None:
     """shop.orders ids 1..rows, untimed, through COPY in batches."""
     columns = [c.name for c in defs["shop.orders"].columns]
@@ -251,7 +263,6 @@ def orders_digest(target_dsn: str) -> tuple[int, str]:
 
 
 def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, servers) -> list[dict]:
-    from trailbound.metadata import MetadataStore
     from trailbound.replicat import target as tgt
     from trailbound.config import MapRule
 
@@ -274,12 +285,7 @@ def bench_replicat(rows: int, engines: dict[str, Path], work: Path, defs, server
                               [MapRule(source="shop.orders", target="shop.orders")])
         connection.close()
         preload_orders(target_dsn, defs, rows)
-        with MetadataStore.open(meta_dsn) as store, store.transaction() as cur:
-            for f in files:
-                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
-                            " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
-                            (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
-                             str(f.last_csn), f.log_bsn.value))
+        commit_trail(meta_dsn, prefix, files)
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn,
                "TRAILBOUND_TARGET_DSN": target_dsn}
         seconds, cpu, peaks, tree, out, _ = run_measured(
@@ -305,8 +311,6 @@ def bench_pump(rows: int, engines: dict[str, Path], work: Path, servers) -> list
     pump run`: PASSTHRU (a copy, read back and counted) and with a TABLE filter that
     keeps every record (the filtered path's worst case: the whole file read, rewritten
     and counted)."""
-    from trailbound.metadata import MetadataStore
-
     home = work / f"pump-{rows}"
     shutil.rmtree(home, ignore_errors=True)
     prefix = home / "dirdat" / "lt"
@@ -320,12 +324,7 @@ def bench_pump(rows: int, engines: dict[str, Path], work: Path, servers) -> list
     results = []
     for name, include in engines.items():
         meta_dsn = fresh_database(servers[0], f"trailbound_bench_huge_meta_{rows}_{work.name}".replace("-", "_"))
-        with MetadataStore.open(meta_dsn) as store, store.transaction() as cur:
-            for f in files:
-                cur.execute("INSERT INTO trailbound.trail_file (trail, seqno, path, records, bytes, sha256, first_csn,"
-                            " last_csn, log_bsn, written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'BENCH')",
-                            (str(prefix), f.seqno, str(f.path), f.records, f.bytes, f.sha256, str(f.first_csn),
-                             str(f.last_csn), f.log_bsn.value))
+        commit_trail(meta_dsn, prefix, files)
         env = {**os.environ, "PYTHONPATH": str(include), "TRAILBOUND_METADATA_DSN": meta_dsn}
         for group in ("PASSTHRU", "FILTERED"):
             seconds, cpu, peaks, tree, out, _ = run_measured(

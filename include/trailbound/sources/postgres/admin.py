@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC
 
@@ -444,11 +445,8 @@ def add_heartbeat_table(config: Config, name: str, schema: str = heartbeat.DEFAU
     (or by `add source`), written by every pull."""
     source = config.source_name(name)
     pg = config.postgres(source)
-    connection = connect(config, source)
-    try:
+    with closing(connect(config, source)) as connection:
         table = heartbeat_table.create(connection, source, schema)
-    finally:
-        connection.close()
     return (f"SOURCE {source}: heartbeat table {table} ready; the next pull publishes it in {pg.publication} and "
             "every pull writes its row before it reads the slot (`trailbound lag replicat G` shows the lag)")
 
@@ -456,11 +454,8 @@ def add_heartbeat_table(config: Config, name: str, schema: str = heartbeat.DEFAU
 def delete_heartbeat_table(config: Config, name: str, schema: str = heartbeat.DEFAULT_SCHEMA) -> str:
     """`delete heartbeattable SRC`: the source's heartbeat table dropped (heartbeat.drop)."""
     source = config.source_name(name)
-    connection = connect(config, source)
-    try:
+    with closing(connect(config, source)) as connection:
         table = heartbeat_table.drop(connection, source, schema)
-    finally:
-        connection.close()
     return (f"SOURCE {source}: heartbeat table {table} dropped; pulls no longer write a heartbeat (the target keeps "
             "the heartbeats it applied)")
 
