@@ -46,6 +46,11 @@ def server_conf(master: str) -> dict[str, str]:
 
     conf = dict(SESSION_CONF) | dict(TUNING_DEFAULTS)
     conf["spark.connect.grpc.binding.address"] = "127.0.0.1"
+    # C1 only: the server compiles new generated classes for every capture run (each run's
+    # literals differ), and C2's compiling cost more than its faster code saved. Measured on
+    # the 1M live backlog (docs/benchmarks/live-postgres.md): capture 69.7 and 72.2 CPU-s of
+    # the server against 90.1 and 98.7, its start 10-11 against 20 CPU-s.
+    conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     if master.startswith("local"):
         inside = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
         conf["spark.default.parallelism"] = inside if inside.isdigit() else str(os.cpu_count() or 1)
