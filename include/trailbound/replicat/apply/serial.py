@@ -289,14 +289,14 @@ class FastApplier:
             if table not in self._sql and self.plans.get(table) is not None:
                 plan = self.plans[table]
                 number = self._numbers.setdefault(staging_layout(plan), len(self._layouts))
+                staging = _Staging(number, plan)
                 if number == len(self._layouts):
-                    self._layouts.append(_Layout(_Staging(number, plan), self.connection))
+                    self._layouts.append(_Layout(staging, self.connection))
                 self._layout_of[table] = number
-                templates = self._templates.get((number, _statement_layout(plan)))
-                if templates is None:
-                    templates = self._templates[number, _statement_layout(plan)] = _Templates(_Staging(number, plan),
-                                                                                             self.connection)
-                self._sql[table] = _Statements(templates, _names(plan, self.connection))
+                key = (number, _statement_layout(plan))
+                if key not in self._templates:
+                    self._templates[key] = _Templates(staging, self.connection)
+                self._sql[table] = _Statements(self._templates[key], _names(plan, self.connection))
 
     def stage(self, staged: dict[str, memoryview], *, commit: bool = True) -> None:
         """Load a chunk's staged rows (COPY text, each line led by its table and unit),
