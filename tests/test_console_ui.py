@@ -150,10 +150,12 @@ def chart(driver, charts: str, group: str):
 
 
 def group_row(driver, group: str) -> dict:
-    from selenium.webdriver.common.by import By
-
-    row = driver.find_element(By.CSS_SELECTOR, f"#info-all-table tr[data-group='{group}']")
-    cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+    # One script reads every cell: read one WebDriver call at a time, a refresh landing
+    # between two calls tears the row (a new checkpoint beside the old lag).
+    cells = driver.execute_script(
+        "const row = document.querySelector(`#info-all-table tr[data-group='${arguments[0]}']`);"
+        "return row ? Array.from(row.querySelectorAll('td'), (td) => td.innerText.trim()) : null;", group)
+    assert cells is not None, f"no row for {group} in INFO ALL"
     return dict(zip(["program", "status", "group", "lag", "since", "checkpoint", "error", "dags"], cells))
 
 
