@@ -489,7 +489,12 @@ def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, sp
         change(22, "T2", "DELETE", KUNDEN, {"Kunden-Nr": 2}),
         change(23, "T2", "INSERT", KUNDEN, after=k5), change(24, "T2", "COMMIT"),
         change(30, "T3", "UPDATE", KUNDEN, {"Kunden-Nr": 3}, {"Kunden-Nr": 30, "select": "moved"}),
-        change(31, "T3", "COMMIT")], 100)
+        change(31, "T3", "COMMIT"),
+        # In one unit, an update whose image carries every column (set without a choice
+        # per column) beside one that leaves columns out (the target keeps them).
+        change(40, "T4", "UPDATE", "shop.orders", {"id": 1}, o1 | {"total": "98765.432100000000000", "items": None}),
+        change(41, "T4", "UPDATE", KUNDEN, {"Kunden-Nr": 5}, {"Kunden-Nr": 5, "big": 7}),
+        change(42, "T4", "COMMIT")], 100)
     config = configuration.load(write_config(tmp_path, tables=("shop.*",), grouptransops=3))
     run_extract(spark, store, config, "EXT1")
     _create_target(config, target_dsn)
@@ -500,12 +505,14 @@ def test_awkward_values_through_every_path_reach_the_target_exactly(tmp_path, sp
     names = lambda table: [c["name"] for c in table["columns"]]  # noqa: E731
     truth = {"tables": {
         KUNDEN: {"columns": names(AWKWARD_TABLES[0]),
-                 "rows": [k1 | {"score": 2.5, "Mixed Case": None}, k3 | {"Kunden-Nr": 30, "select": "moved"}, k5]},
-        "shop.orders": {"columns": names(AWKWARD_TABLES[1]), "rows": [o1, o2 | {"total": "7.000"}]}}}
+                 "rows": [k1 | {"score": 2.5, "Mixed Case": None}, k3 | {"Kunden-Nr": 30, "select": "moved"},
+                          k5 | {"big": 7}]},
+        "shop.orders": {"columns": names(AWKWARD_TABLES[1]),
+                        "rows": [o1 | {"total": "98765.432100000000000", "items": None}, o2 | {"total": "7.000"}]}}}
     assert differences(target_dsn, truth) == {}
     with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
         cur.execute("SELECT total::text FROM shop.orders ORDER BY id")
-        assert [r[0] for r in cur.fetchall()] == ["12345.678901234567890", "7.000"], "numeric scale is kept"
+        assert [r[0] for r in cur.fetchall()] == ["98765.432100000000000", "7.000"], "numeric scale is kept"
 
 
 def test_the_cli_starts_spark_only_for_a_run_that_needs_it(tmp_path, spark, metadata_dsn, store, target_dsn):

@@ -613,7 +613,7 @@ class _Run:
                 fast.truncate(cur, truncated)
                 continue
             entries = chunk.net.units.get(unit, []) if chunk.net else []
-            fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts)) for e in entries
+            fast.apply_unit(cur, unit, [(e.table, e.counts, chunk.net.view(e.inserts), e.partial_updates) for e in entries
                                         if not e.unresolved])
             if tables := {e.table for e in entries if e.unresolved}:
                 replayed += self._replay_tables(cur, chunk, unit, tables)

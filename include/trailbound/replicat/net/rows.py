@@ -22,6 +22,7 @@ class UnitTable:
     counts: dict[str, int] = field(default_factory=dict)
     inserts: tuple[int, int, int] | None = None
     unresolved: bool = False
+    partial_updates: bool = False   # a U line whose mask leaves a column out (the target keeps its value)
 
 
 class NetRows:
@@ -84,6 +85,11 @@ class NetRows:
         dictionary = names.dictionary.to_pylist()
         # The kinds are counted for staged lines only: an insert-only part converts none.
         kinds = table.column("kind").to_numpy(zero_copy_only=False) if (steps == STEP["D"]).any() else None
+        if kinds is not None:
+            # A staged line starts with its kind and its mask: an update whose images
+            # carried every column (a live source's, nearly always) needs no choice per
+            # column between the staged and the target's value (apply/serial.py).
+            partial = (kinds == "U") & ~pc.match_substring_regex(lines, r"^U\t1*\t").to_numpy(zero_copy_only=False)
         cuts = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (codes[1:] != codes[:-1]) |
                                     (steps[1:] != steps[:-1]), True])
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
@@ -95,6 +101,7 @@ class NetRows:
                 entry.staged = (part, a, b)
                 found, counts = np.unique(kinds[a:b], return_counts=True)
                 entry.counts = {str(k): int(c) for k, c in zip(found, counts)}
+                entry.partial_updates = bool(partial[a:b].any())
             else:
                 entry.inserts = (part, a, b)
 
