@@ -141,6 +141,7 @@ class World:
         output = self.airflow(variant, "dags", "test", dag_id, (T0 + timedelta(hours=hour)).isoformat())
         wall = time.perf_counter() - began
         (self.work / f"{dag_id}-{variant}.log").write_text(output)
+        self.executed = execute_seconds(output)
         finished = [line for line in output.splitlines() if "DagRun Finished" in line]
         state = "success" if finished and "state=success" in finished[-1] else "failed"
         with sqlite3.connect(self.home / "airflow.db") as db:
@@ -152,6 +153,24 @@ class World:
         if state != "success":
             raise RuntimeError(f"{dag_id} ({variant}) failed: {output[-3000:]}")
         return wall, state, tasks
+
+
+def execute_seconds(output: str) -> float:
+    """The run's time inside its operators' execute(): our own work (a sensor's poke, the
+    idle check, a task's code), from each task's log markers: its pre-execute group ends
+    ("::endgroup::"), execute runs, then "::group::Post Execute". The rest of a run is
+    Airflow's (the CLI's start, DAG parsing, the in-process execution API's start)."""
+    total, started = 0.0, None
+    for line in output.splitlines():
+        stamp = line[:27]
+        if "[DAG TEST] starting task_id=" in line:
+            started = "task"
+        elif "::endgroup::" in line and started == "task":
+            started = datetime.fromisoformat(stamp.rstrip("Z"))
+        elif "::group::Post Execute" in line and isinstance(started, datetime):
+            total += (datetime.fromisoformat(stamp.rstrip("Z")) - started).total_seconds()
+            started = None
+    return total
 
 
 def spark_start_seconds(env: dict) -> float:
@@ -201,16 +220,18 @@ def main() -> int:
     rows = []
     for dag_id, task in DAGS:
         for variant in ("before", "after"):
-            runs = [world.dags_test(variant, dag_id, HOURS) for _ in range(args.repeat)]
-            wall, _, tasks = min(runs, key=lambda r: r[0])
+            runs = []
+            for _ in range(args.repeat):
+                runs.append((*world.dags_test(variant, dag_id, HOURS), world.executed))
+            wall, _, tasks, executed = min(runs, key=lambda r: r[0])
             submit_state, submit = tasks[task]
             others = sum(seconds for name, (_, seconds) in tasks.items() if name != task)
-            rows.append((dag_id, variant, wall, task, submit_state, submit, others, tasks))
+            rows.append((dag_id, variant, wall, task, submit_state, submit, others, tasks, executed))
             print(f"{dag_id} {variant}: {wall:.1f} s; {tasks}", flush=True)
     load_after = os.getloadavg()[0]
 
     lines = []
-    for dag_id, variant, wall, task, submit_state, submit, others, tasks in rows:
+    for dag_id, variant, wall, task, submit_state, submit, others, tasks, executed in rows:
         if submit_state == "skipped":
             checked = re.search(r"checked in ([\d.]+) s", (world.work / f"{dag_id}-{variant}.log").read_text())
             split = (f"of which the check itself {float(checked.group(1)):.1f} s, the rest Airflow starting the task"
@@ -218,14 +239,14 @@ def main() -> int:
         else:
             split = (f"spark-submit + JVM + SparkSession: {min(spark_start, submit):.1f} s, the job's own work: "
                      f"{max(0.0, submit - spark_start):.1f} s")
-        lines.append(f"| {dag_id} | {variant} | **{wall:.1f} s** | {wall - submit - others:.1f} s | "
+        lines.append(f"| {dag_id} | {variant} | **{wall:.1f} s** | {executed:.1f} s | {wall - submit - others:.1f} s | "
                      f"{task}: {submit_state}, {submit:.1f} s ({split}) | {others:.1f} s |")
     work_lines = [f"| {dag_id} | {variant} ({'in the task' if in_task else 'spark-submit'}) | **{wall:.1f} s** | "
                   f"{task}: {seconds:.1f} s | {done} |"
                   for dag_id, variant, wall, task, seconds, done, in_task in with_work]
-    slowest = max(wall for _, variant, wall, *_ in rows if variant == "after")
-    verdict = (f"**met**: the slowest idle run took {slowest:.1f} s" if slowest < 20
-               else f"**not met**: the slowest idle run took {slowest:.1f} s")
+    slowest = max(executed for _, variant, *_, executed in rows if variant == "after")
+    verdict = (f"**met**: the most any idle run spent in our operators was {slowest:.1f} s" if slowest < 5
+               else f"**not met**: an idle run spent {slowest:.1f} s in our operators")
     report = f"""# Idle runs
 
 A scheduled run with nothing new to do, through `airflow dags test` (Airflow {_airflow_version()},
@@ -239,16 +260,19 @@ Command, from the repository root (`make bench` runs it with the throwaway Postg
 
     .venv/bin/python tests/bench/bench_idle_runs.py
 
-| DAG | variant | wall (`airflow dags test`) | Airflow itself (start, parse, scheduling) | the Spark task | other tasks |
-|---|---|---|---|---|---|
+| DAG | variant | wall (`airflow dags test`) | our own work (operators' execute) | Airflow itself (start, parse, scheduling) | the Spark task | other tasks |
+|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
 spark-submit of an empty job (JVM start, SparkSession, stop) measured apart: {spark_start:.1f} s;
 the job's own work is the task's time beyond it. "Airflow itself" is the wall time less
 the tasks' durations (interpreter and provider imports, DAG parsing, the test run's
-scheduling loop).
+scheduling loop). "Our own work" is the time inside the operators' execute() (each
+task's log, from the end of its pre-execute group to its post-execute group: a sensor's
+poke, the idle check, the job); a task's duration adds Airflow's start of the task to it
+(the first task of a run waits for the in-process execution API to start).
 
-Goal: each idle run (after) under 20 s: {verdict}.
+Goal (issue 38): each idle run (after) under 5 s of our own work: {verdict}.
 
 Runs with work (the same DAGs, one hour of log each): "before" submits the job
 (spark-submit, a JVM, then our code, which for local trails starts no SparkSession);
