@@ -13,12 +13,15 @@ others (its SQL settings, temporary views, its operations), but **not its cached
 SparkContext shares (Spark's SharedState), and a killed run never reaches its
 `unpersist()`. Checked (Spark 4.2, 2026-11-27): a client that cached a parquet read and
 died with os._exit(137) left the entry, and a new Connect session's read of the same
-files planned an InMemoryTableScan of it, as did the classic session. So the killed run
-is a child of a small driver process, and once it is dead the driver drops every cached
-plan of the server's JVM (through the py4j gateway of the test session's JVM) and
-cancels any job it left: the next run, killed or in the test's process, starts from the
-files and checkpoints alone, as after a machine's restart. Nothing else runs on the
-worker's JVM meanwhile (the test waits for the driver).
+files planned an InMemoryTableScan of it, as did the classic session. Nor does a killed
+client's operation end with it: the server keeps it (and its session) until they time
+out (checked the same way: one execution and one session left after the kill). So the
+killed run is a child of a small driver process, and once it is dead the driver, through
+the py4j gateway of the test session's JVM, closes the server's Connect sessions (which
+interrupts their operations), cancels any job left and drops every cached plan: the
+next run, killed or in the test's process, starts from the files and checkpoints alone,
+as after a machine's restart. Nothing else runs on the worker's JVM meanwhile (the test
+waits for the driver; no other Connect client is running then).
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ status = subprocess.call([sys.executable, "-c", sys.argv[1], *sys.argv[2:]])
 from py4j.java_gateway import GatewayParameters, JavaGateway
 
 gateway = JavaGateway(gateway_parameters=GatewayParameters(port=int(port), auth_token=secret))
+connect = getattr(getattr(gateway.jvm.org.apache.spark.sql.connect.service, "SparkConnectService$"), "MODULE$")
+connect.sessionManager().invalidateAllSessions()  # closes the dead client's session, interrupts its operations
 session = gateway.jvm.org.apache.spark.sql.SparkSession.getDefaultSession().get()
 session.sparkContext().cancelAllJobs()
-session.sharedState().cacheManager().clearCache()
+session.sharedState().cacheManager().clearCache()  # not the session's: the SparkContext's, shared
 gateway.close()
 sys.exit(status if status >= 0 else 128 - status)
 """
