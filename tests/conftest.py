@@ -188,16 +188,6 @@ def group_held_elsewhere(metadata_dsn):
 
 
 @pytest.fixture(scope="session")
-def driver_jvm():
-    """A warm Spark JVM for the processes a test kills at a crash point (crash_kit)."""
-    from crash_kit import DriverJvm
-
-    jvm = DriverJvm()
-    yield jvm
-    jvm.close()
-
-
-@pytest.fixture(scope="session")
 def spark():
     from trailbound import spark as spark_session
 
@@ -227,6 +217,15 @@ def spark_remote(spark):
     yield f"sc://127.0.0.1:{port}"
     jvm.org.apache.spark.sql.connect.service.SparkConnectService.stop(jvm.scala.Option.empty(),
                                                                       jvm.scala.Option.empty())
+
+
+@pytest.fixture(scope="session")
+def crash_driver(spark, spark_remote):
+    """Runs the processes a test kills at a crash point as Connect clients of the
+    worker's warm server (crash_kit)."""
+    from crash_kit import ConnectCrashDriver
+
+    return ConnectCrashDriver(spark, spark_remote)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -72,7 +72,7 @@ def warnings(store, kind: str) -> list[dict]:
 
 @pytest.mark.long_running(50)
 def test_a_transaction_open_48_hours_is_persisted_survives_runs_and_a_crash_and_is_written_once(
-        tmp_path, spark, store, driver_jvm):
+        tmp_path, spark, store, crash_driver):
     long_running_archive(tmp_path, total_hours=50, commit_hour=48)
     config_path = write_config(tmp_path)
     config = configuration.load(config_path)
@@ -81,9 +81,9 @@ def test_a_transaction_open_48_hours_is_persisted_survives_runs_and_a_crash_and_
     for n, h in enumerate(until_hours):
         if n == 2:  # die after persisting the BR checkpoint's files, before the commit
             env = {**os.environ, CRASH_ENV: "after_br_persist", "TRAILBOUND_METADATA_DSN": store.connection.dsn,
-                   **driver_jvm.env}
-            crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "extract", "run", "EXT1",
-                                                    "--until", at(hours(h)).isoformat()), env=env,
+                   **crash_driver.env}
+            crashed = subprocess.run(crash_driver.cli("--config", str(config_path), "extract", "run", "EXT1",
+                                                       "--until", at(hours(h)).isoformat()), env=env,
                                      capture_output=True, text=True, timeout=300)
             assert crashed.returncode == 137, crashed.stderr[-2000:]
         result = run(spark, store, config, h)

@@ -185,7 +185,7 @@ def uninterrupted_trail(tmp_path_factory, spark, new_metadata_database):
 
 @pytest.mark.long_running(110)
 def test_a_crash_at_every_point_in_turn_then_a_rerun_gives_the_uninterrupted_trail(tmp_path, spark, store,
-                                                                                   uninterrupted_trail, driver_jvm):
+                                                                                   uninterrupted_trail, crash_driver):
     """The second run is killed at each crash point in turn (the order the run reaches
     them), each kill in a run that first recovers from the kills before it, as a machine
     that keeps failing would. Until the checkpoint commits nothing may move; then the
@@ -196,11 +196,11 @@ def test_a_crash_at_every_point_in_turn_then_a_rerun_gives_the_uninterrupted_tra
     config = configuration.load(config_path)
     run(spark, store, config, at(m(100)))
     before = state(store)
-    env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **driver_jvm.env}
+    env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **crash_driver.env}
     # The version-change points need an archive whose tables change (the crash matrix's).
     for point in [p for p in CRASH_POINTS if "new_version" not in p]:
-        crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "extract", "run", "EXT1",
-                                                "--until", at(m(200)).isoformat()),
+        crashed = subprocess.run(crash_driver.cli("--config", str(config_path), "extract", "run", "EXT1",
+                                                   "--until", at(m(200)).isoformat()),
                                  env={**env, CRASH_ENV: point}, capture_output=True, text=True, timeout=300)
         assert crashed.returncode == 137, (point, crashed.stderr[-2000:])
         after = state(store)

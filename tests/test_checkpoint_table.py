@@ -30,17 +30,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
 # ---------------------------------------------------------------- crashes before the target commit
 
-def _crash(config_path, store, target_dsn, point: str, jvm) -> subprocess.CompletedProcess:
+def _crash(config_path, store, target_dsn, point: str, driver) -> subprocess.CompletedProcess:
     env = {**os.environ, CRASH_ENV: point, "TRAILBOUND_METADATA_DSN": store.connection.dsn,
-           "TRAILBOUND_TARGET_DSN": target_dsn, **jvm.env}
-    return subprocess.run(jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+           "TRAILBOUND_TARGET_DSN": target_dsn, **driver.env}
+    return subprocess.run(driver.cli("--config", str(config_path), "replicat", "run", "REP1"),
                           env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.long_running(30)
 @pytest.mark.parametrize("replay", [False, True], ids=["grouped", "one_by_one_replay"])
 def test_a_crash_before_the_target_commit_leaves_nothing_then_the_rerun_converges(tmp_path, spark, store, target_dsn,
-                                                                                 replay, driver_jvm):
+                                                                                 replay, crash_driver):
     # The replay case on one session: a parallel session sends the group's commit with
     # its last COPY's end (replicat/apply/copychain.py), so its crash point comes before the
     # server has refused the row.
@@ -54,7 +54,7 @@ def test_a_crash_before_the_target_commit_leaves_nothing_then_the_rerun_converge
         with psycopg2.connect(target_dsn) as connection, connection.cursor() as cur:
             cur.execute("INSERT INTO shop.orders VALUES (3, 'already here')")
         before = {3: "already here"}
-    crashed = _crash(config_path, store, target_dsn, "before_target_commit", driver_jvm)
+    crashed = _crash(config_path, store, target_dsn, "before_target_commit", crash_driver)
     assert crashed.returncode == 137, crashed.stderr[-3000:]
     assert ("one by one" in crashed.stderr or "transaction by transaction" in crashed.stderr) == replay
     assert checkpoint_row(target_dsn) is None, "nothing of the group (or of its first transaction) committed"

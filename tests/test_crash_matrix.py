@@ -21,7 +21,7 @@ that commit in trail order); at the 40 it had before, none went. Replicat's cell
 the thread they die on: `lane:<point>` (lane:mid_copy, lane:before_target_commit,
 lane:after_target_commit) kills the run on a lane's thread, with that group (and maybe
 the next, on the other lane) in flight, and fails if no group reached a lane; a bare
-point kills it on the run's own thread (THREAD_DRIVER), as before lanes existed. Each
+point kills it on the run's own thread (THREAD_PRELUDE), as before lanes existed. Each
 seed also asserts that the crashed home's completed replicat runs applied at least
 MIN_LANE_GROUPS groups on lanes.
 
@@ -29,12 +29,11 @@ Cost: only the crashing invocations are subprocesses; everything else runs on th
 `spark` fixture. Two crashes per stage and round (replicat: up to two more, on a lane)
 keep the rounds (and the baseline's runs) to two. The killed capture and replicat
 processes do not each start a JVM of their own (half a minute on two loaded CPUs, and
-every Spark job in it cold): they drive one Spark JVM the seed starts once
-(`DriverJvm`), the way spark-submit hands a Python driver its JVM
-(PYSPARK_GATEWAY_PORT). Each such process first stops the Spark context a killed
-predecessor left in it (its cached data, its jobs), so every run starts from the files
-and checkpoints alone, as after a machine's restart; the process itself still dies with
-`kill -9`'s status at its crash point, with its database sessions. The seeds run in
+every Spark job in it cold): they are Spark Connect clients of the worker's warm server
+(`spark_remote`, through crash_kit.ConnectCrashDriver). Once a killed run is dead, what
+it left on the server (its cached data, its jobs) is dropped, so every run starts from
+the files and checkpoints alone, as after a machine's restart; the process itself still
+dies with `kill -9`'s status at its crash point, with its database sessions. The seeds run in
 `make reliability` only (see SEEDS); `make test` runs the plan check.
 """
 
@@ -56,7 +55,7 @@ import psycopg2.extensions
 import pytest
 from psycopg2 import sql
 
-from crash_kit import CRASH_DRIVER, DriverJvm
+from crash_kit import ConnectCrashDriver
 from replicat_kit import checkpoint_row, differences
 from trailbound import cli
 from trailbound import config as configuration
@@ -302,9 +301,9 @@ _CRASH_MODULES = {"extract": ("trailbound.capture.run", "trailbound.capture.boun
 # The threads apply/parallel.py's lanes run on (ThreadPoolExecutor "replicat-lane-<n>_<i>").
 LANE_THREAD = "replicat-lane-"
 THREAD_ENV = "TRAILBOUND_MATRIX_CRASH_THREAD"
-# What a killed replicat runs: CRASH_DRIVER, with its crash points firing only on the
-# thread the cell names ($TRAILBOUND_MATRIX_CRASH_THREAD: lane or main).
-THREAD_DRIVER = f"""
+# What a killed replicat runs before trailbound's command line: its crash points fire only
+# on the thread the cell names ($TRAILBOUND_MATRIX_CRASH_THREAD: lane or main).
+THREAD_PRELUDE = f"""
 import os
 import threading
 from trailbound import crash
@@ -321,7 +320,7 @@ def _crashpoint(name):
 
 for _module in (apply, copychain, parallel, run):
     _module.crashpoint = _crashpoint
-""" + CRASH_DRIVER
+"""
 
 
 def _on_thread(point: str) -> tuple[str, bool]:
@@ -368,18 +367,18 @@ def _br_files(home: Home) -> set[Path]:
     return set(brdir.glob("*.parquet")) if brdir.is_dir() else set()
 
 
-def _crash(home: Home, stage: str, point: str, until, jvm: DriverJvm) -> list[str]:
+def _crash(home: Home, stage: str, point: str, until, driver: ConnectCrashDriver) -> list[str]:
     """Kill `stage` at `point` (a subprocess), and check that the cell means something."""
     br_before = _br_files(home)
     env = {**os.environ, **home.env(), CRASH_ENV: point}
-    if stage == "replicat":  # on the seed's JVM, killed on the thread the cell names
+    if stage == "replicat":  # on the worker's Connect server, killed on the thread the cell names
         name, on_lane = _on_thread(point)
-        command = [sys.executable, "-c", THREAD_DRIVER, *home.argv(stage, until)]
-        env.update(jvm.env)
+        command = driver.cli(*home.argv(stage, until), prelude=THREAD_PRELUDE)
+        env.update(driver.env)
         env.update({CRASH_ENV: name, THREAD_ENV: "lane" if on_lane else "main"})
-    elif stage == "extract":  # the other Spark stage: on the seed's JVM
-        command = jvm.cli(*home.argv(stage, until))
-        env.update(jvm.env)
+    elif stage == "extract":  # the other Spark stage: on the worker's Connect server
+        command = driver.cli(*home.argv(stage, until))
+        env.update(driver.env)
     else:
         command = [sys.executable, "-m", "trailbound.cli", *home.argv(stage, until)]
     crashed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -436,7 +435,8 @@ def _transactions(records: list[tuple]) -> list[tuple[str, int]]:
 # fits `make test`'s budget, the three run with `make reliability`.
 @pytest.mark.long_running(400)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_crash_matrix(seed, tmp_path, spark, pg_server_dsn, metadata_template, capsys, monkeypatch, record_property):
+def test_crash_matrix(seed, tmp_path, spark, crash_driver, pg_server_dsn, metadata_template, capsys, monkeypatch,
+                      record_property):
     from trailbound.sources.simulator import simulate
 
     source = tmp_path / "source"
@@ -468,11 +468,7 @@ def test_crash_matrix(seed, tmp_path, spark, pg_server_dsn, metadata_template, c
             connection.close()
             with home.store() as store:
                 retention.register(store, home.config, "EXT1")
-        jvm = DriverJvm()
-        try:
-            _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property, jvm)
-        finally:
-            jvm.close()
+        _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property, crash_driver)
     finally:
         for name in made:
             _drop_database(pg_server_dsn, name)
@@ -484,7 +480,7 @@ def _first_versions(defs: dict) -> dict:
             for name, table in defs.items() if table.versions[0].scn == 0}
 
 
-def _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property, jvm: DriverJvm):
+def _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property, driver: ConnectCrashDriver):
     baseline, crashed = homes["baseline"], homes["crashed"]
     cells: dict[str, list[str]] = {}   # "stage point" -> what went wrong
     only = set(filter(None, os.environ.get(ONLY_ENV, "").split(",")))
@@ -502,7 +498,7 @@ def _run_matrix(seed, homes, truth, spark, capsys, monkeypatch, record_property,
                 if point.startswith("drop:"):
                     cells[cell] = _drop_connection(crashed, stage, point, until, capsys, monkeypatch)
                 else:
-                    cells[cell] = _crash(crashed, stage, point, until, jvm)
+                    cells[cell] = _crash(crashed, stage, point, until, driver)
                 print(f"seed {seed} round {number} {cell}: {time.perf_counter() - began:.1f} s {cells[cell]}",
                       file=sys.__stderr__)
             crashed.run(spark, stage, until)

@@ -130,20 +130,21 @@ INSERT INTO items (v) VALUES (:id);
 """
 
 
-def _load_subprocess(config_path: Path, crash: str | None, jvm) -> subprocess.CompletedProcess:
+def _load_subprocess(config_path: Path, crash: str | None, driver) -> subprocess.CompletedProcess:
     """`trailbound load` in a process of its own, to be killed at `crash`; its Spark jobs
-    run on `jvm` (crash_kit.DriverJvm), not on a JVM of its own (a cold start each)."""
-    env = {**os.environ, **jvm.env}
+    run on `driver` (crash_kit.ConnectCrashDriver), the worker's warm Connect server, not
+    on a JVM of its own (a cold start each)."""
+    env = {**os.environ, **driver.env}
     if crash:
         env[CRASH_ENV] = crash
-    return subprocess.run(jvm.cli("--config", str(config_path), "load", "PG", "REP1", "--table", "public.orders",
-                                  "--mode", "watermark", "--chunk-rows", "5000"),
+    return subprocess.run(driver.cli("--config", str(config_path), "load", "PG", "REP1", "--table", "public.orders",
+                                     "--mode", "watermark", "--chunk-rows", "5000"),
                           env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.long_running(65)
 def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, target_dsn, metadata_dsn, store, spark,
-                                                                  tmp_path, monkeypatch, capsys, driver_jvm):
+                                                                  tmp_path, monkeypatch, capsys, crash_driver):
     _environment(monkeypatch, source_dsn, target_dsn, metadata_dsn)
     execute(source_dsn, ORDERS)
     config_path = _config(tmp_path, ("public.items", WATERMARK), handlecollisions=True)
@@ -162,7 +163,7 @@ def test_watermark_load_of_a_table_added_later_killed_and_resumed(source_dsn, ta
     bench = subprocess.Popen(["pgbench", "-n", "-c", "2", "-T", "600", "-R", "10", "-f", str(bench_script),
                               source_dsn], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        killed = _load_subprocess(config_path, "load_between_chunks", driver_jvm)
+        killed = _load_subprocess(config_path, "load_between_chunks", crash_driver)
         assert killed.returncode == 137, killed.stderr[-3000:]
         planned = re.search(r"public.orders -> public.orders: (\d+) chunk\(s\)", killed.stdout)
         assert "between watermarks" in killed.stdout and planned, killed.stdout

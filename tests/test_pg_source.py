@@ -95,14 +95,14 @@ def _pull_subprocess(config_path: Path, source: str, crash: str | None = None) -
     return _killed(config_path, source, crash, "archive", "pull", "PG")
 
 
-def _killed(config_path: Path, source: str, crash: str | None, *words: str, jvm=None) -> subprocess.CompletedProcess:
+def _killed(config_path: Path, source: str, crash: str | None, *words: str, driver=None) -> subprocess.CompletedProcess:
     """`trailbound WORDS` in a process of its own, killed (exit 137) at crash point `crash`;
-    a Spark stage's process drives `jvm` (crash_kit.DriverJvm) when one is given."""
-    env = {**os.environ, SOURCE_ENV: source, **(jvm.env if jvm else {})}
+    a Spark stage's process runs on `driver` (crash_kit.ConnectCrashDriver) when one is given."""
+    env = {**os.environ, SOURCE_ENV: source, **(driver.env if driver else {})}
     if crash:
         env[CRASH_ENV] = crash
     command = ["--config", str(config_path), *words]
-    return subprocess.run(jvm.cli(*command) if jvm else [sys.executable, "-m", "trailbound.cli", *command],
+    return subprocess.run(driver.cli(*command) if driver else [sys.executable, "-m", "trailbound.cli", *command],
                           env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -139,7 +139,7 @@ class Pipeline:
 
 @pytest.mark.long_running(105)
 def test_pgbench_through_the_whole_pipeline(source_dsn, target_dsn, store, spark, tmp_path, monkeypatch, capsys,
-                                            driver_jvm):
+                                            crash_driver):
     source = source_dsn
     monkeypatch.setenv(SOURCE_ENV, source)
     monkeypatch.setenv("TRAILBOUND_TARGET_DSN", target_dsn)
@@ -225,7 +225,7 @@ def test_pgbench_through_the_whole_pipeline(source_dsn, target_dsn, store, spark
     # Each stage is killed, then run to the end before the next one is killed.
     for words, point in ((("extract", "run", "EXT1"), "after_trail_write"), (("pump", "run", "PMP1"), "after_copy"),
                          (("replicat", "run", "REP1"), "after_target_commit")):
-        crashed = _killed(config_path, source, point, *words, jvm=driver_jvm if words[0] != "pump" else None)
+        crashed = _killed(config_path, source, point, *words, driver=crash_driver if words[0] != "pump" else None)
         assert crashed.returncode == 137, (words, point, crashed.stderr[-2000:])
         if words[0] != "replicat":  # the round below runs replicat again
             assert _run(config_path, *words) == 0

@@ -800,16 +800,16 @@ def test_capture_pump_and_replicat_count_the_same_transactions_on_one_trail(tmp_
 
 @pytest.mark.long_running(60)
 def test_a_crash_at_every_point_in_turn_then_a_rerun_converges(captured, metadata_copy, target_dsn, tmp_path, spark,
-                                                               driver_jvm):
+                                                               crash_driver):
     """Replicat is killed at each crash point in turn, each kill in a run that first
     recovers from the kills before it; then one run converges."""
     config_path = write_config(tmp_path, home=captured.directory, grouptransops=300, megabytes=0.1)
     config = configuration.load(config_path)
     _create_target(config, target_dsn)
     env = {**os.environ, "TRAILBOUND_METADATA_DSN": metadata_copy, "TRAILBOUND_TARGET_DSN": target_dsn,
-           **driver_jvm.env}
+           **crash_driver.env}
     for point in ("mid_copy", "after_target_commit", "between_groups"):
-        crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+        crashed = subprocess.run(crash_driver.cli("--config", str(config_path), "replicat", "run", "REP1"),
                                  env={**env, CRASH_ENV: point}, capture_output=True, text=True, timeout=300)
         assert crashed.returncode == 137, (point, crashed.stderr[-3000:])
         row, file_checkpoint = checkpoint_row(target_dsn), _file_checkpoint(metadata_copy)
@@ -839,7 +839,7 @@ def test_a_crash_at_every_point_in_turn_then_a_rerun_converges(captured, metadat
 
 @pytest.mark.long_running(45)
 def test_a_file_split_into_chunks_applies_once_across_a_crash_between_them(captured, metadata_copy, target_dsn,
-                                                                            tmp_path, spark, driver_jvm):
+                                                                            tmp_path, spark, crash_driver):
     """A trail file larger than GROUPTRANSOPS is applied in several chunks (rba ranges of
     the file, each ending at a transaction's end). The first chunk is one group here, so a
     kill after that group (between_groups) falls between two chunks of one file: the rerun
@@ -861,8 +861,8 @@ def test_a_file_split_into_chunks_applies_once_across_a_crash_between_them(captu
     assert 0 < first_chunk.end.rba < first_file.records
 
     env = {**os.environ, CRASH_ENV: "between_groups", "TRAILBOUND_METADATA_DSN": metadata_copy,
-           "TRAILBOUND_TARGET_DSN": target_dsn, **driver_jvm.env}
-    crashed = subprocess.run(driver_jvm.cli("--config", str(config_path), "replicat", "run", "REP1"),
+           "TRAILBOUND_TARGET_DSN": target_dsn, **crash_driver.env}
+    crashed = subprocess.run(crash_driver.cli("--config", str(config_path), "replicat", "run", "REP1"),
                              env=env, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 137, crashed.stderr[-3000:]
     # The first chunk is committed with its checkpoint row, nothing of the second is.

@@ -55,10 +55,10 @@ def _env(server: LocalServer, extra: dict | None = None) -> dict[str, str]:
     return {**os.environ, SOURCE_ENV: server.dsn("source"), **server.environment(), **(extra or {})}
 
 
-def _trailbound(config_path: Path, env: dict, *words: str, jvm=None) -> subprocess.Popen:
+def _trailbound(config_path: Path, env: dict, *words: str, driver=None) -> subprocess.Popen:
     command = ["--config", str(config_path), *words]
-    return subprocess.Popen(jvm.cli(*command) if jvm else [sys.executable, "-m", "trailbound.cli", *command],
-                            env={**env, **(jvm.env if jvm else {})}, stdout=subprocess.PIPE,
+    return subprocess.Popen(driver.cli(*command) if driver else [sys.executable, "-m", "trailbound.cli", *command],
+                            env={**env, **(driver.env if driver else {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -91,7 +91,7 @@ def _rows(dsn: str, first: int, last: int) -> None:
 
 @pytest.mark.spark
 @pytest.mark.long_running(120)
-def test_restarts_of_the_source_and_of_the_target_and_metadata_server_mid_stage(one_server, driver_jvm, tmp_path):
+def test_restarts_of_the_source_and_of_the_target_and_metadata_server_mid_stage(one_server, crash_driver, tmp_path):
     """Source restarted mid pull; then the metadata and target server restarted with
     capture held after its trail write, pump after its copy, replicat before its target
     commit: one line each, and each rerun converges."""
@@ -134,13 +134,14 @@ def test_restarts_of_the_source_and_of_the_target_and_metadata_server_mid_stage(
                                  ("pump", "after_copy", "ERROR "),
                                  ("replicat", "before_target_commit", "ERROR ")):
         group = {"extract": "EXT1", "pump": "PMP1", "replicat": "REP1"}[stage]
-        jvm = driver_jvm if stage != "pump" else None
-        held = _trailbound(config_path, _env(server, {PAUSE_ENV: f"{point}={flag}"}), stage, "run", group, jvm=jvm)
+        driver = crash_driver if stage != "pump" else None
+        held = _trailbound(config_path, _env(server, {PAUSE_ENV: f"{point}={flag}"}), stage, "run", group,
+                           driver=driver)
         rc, out, err = _restarted_under(server, held, flag)
         said = _one_error_line(rc, err, starts)
         assert "password" not in said, said
         print(f"{stage} held at {point} under a restart: {said}")
-        rc, out, err = _done(_trailbound(config_path, env, stage, "run", group, jvm=jvm))
+        rc, out, err = _done(_trailbound(config_path, env, stage, "run", group, driver=driver))
         assert rc == 0, f"{stage} did not converge after the restart: {err[-3000:]}"
 
     assert digests(server.environment()["TRAILBOUND_TARGET_DSN"], TABLES) == digests(source, TABLES)
