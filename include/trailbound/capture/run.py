@@ -296,7 +296,8 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     # join without skips: Spark answers a join with an empty side at once but leaves the
     # other side's stage running, a second of both cores at 1M records.)
     seen = {(row["thread"], row["txid"]) for row in txns.join(
-        spark.createDataFrame(decisions.skips, "thread int, txid string, reason string"), ["thread", "txid"])
+        F.broadcast(spark.createDataFrame(decisions.skips, "thread int, txid string, reason string")),
+        ["thread", "txid"])
         .select("thread", "txid").collect()} if decisions.skips else set()
     carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
     previous = {(t.thread, t.xid): t for t in state.open}
