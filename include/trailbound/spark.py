@@ -185,8 +185,8 @@ def numbered(spark, count: int):
     mapInArrow over it. A range, whose size the planner takes for a few bytes, and so the
     size of what a mapInArrow makes of it (every record of a log): a join with such a
     frame on one side names its build side with a hint (`F.broadcast` of the other side,
-    or `.hint("shuffle_hash")` on it), else the planner may broadcast the records (the
-    trail's join, unhinted, ran out of a 1 GB heap). Before, a frame of unknown size: an
+    or `.hint("shuffle_hash")` on it), else the planner may broadcast the records (a
+    trail's join did once and ran out of a 1 GB heap). It was a frame of unknown size: an
     RDD's rows, and on Connect a Python data source's, whose planning cost the server
     three Python daemons a run (about 5 CPU-s: docs/benchmarks/capture-cli.md)."""
     return spark.range(0, count, 1, count).withColumnRenamed("id", "n")
