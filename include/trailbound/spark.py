@@ -11,8 +11,7 @@ Two kinds of session run the same engine code:
 
 Connect has no SparkContext and no RDDs, so the engine asks this module instead:
 `parallelism` instead of `sparkContext.defaultParallelism`, `numbered` (one row per task)
-and `run_tasks` instead of `parallelize(...).map(...)`. Only `numbered` looks at which
-kind of session it has.
+and `run_tasks` instead of `parallelize(...).map(...)`.
 """
 
 from __future__ import annotations
@@ -182,47 +181,15 @@ def parallelism(spark) -> int:
 
 
 def numbered(spark, count: int):
-    """A frame of `count` rows (`n`: 0..count-1), one per partition, that the planner does
-    not think small: its size is unknown, as an RDD's was, so a join of what a mapInArrow
-    makes of it is never planned as a broadcast of that side (measured with a range of a
-    few numbers: the trail's join ran out of a 1g heap). On a classic session an RDD's
-    rows, as before; on Connect, which has no RDDs, a Python data source's, registered
-    once per session (its planning runs in a Python worker of the server)."""
-    if not is_connect(spark):
-        return spark.createDataFrame(spark.sparkContext.parallelize([(n,) for n in range(count)], count), "n long")
-    source = _numbered_source()
-    if not getattr(spark, "_trailbound_numbered", False):
-        spark.dataSource.register(source)
-        spark._trailbound_numbered = True
-    return spark.read.format(source.name()).option("count", str(count)).load()
-
-
-def _numbered_source():
-    """numbered's Python data source (defined on first use: importing pyspark.sql costs a
-    run that needs no Spark)."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
-    class NumberedReader(DataSourceReader):
-        def __init__(self, count: int):
-            self.count = count
-
-        def partitions(self):
-            return [InputPartition(n) for n in range(self.count)]
-
-        def read(self, partition):
-            yield (partition.value,)
-
-    class Numbered(DataSource):
-        @classmethod
-        def name(cls):
-            return "trailbound_numbered"
-
-        def schema(self):
-            return "n long"
-
-        def reader(self, schema):
-            return NumberedReader(int(self.options["count"]))
-    return Numbered
+    """A frame of `count` rows (`n`: 0..count-1), one per partition: a task each for a
+    mapInArrow over it. A range, whose size the planner takes for a few bytes, and so the
+    size of what a mapInArrow makes of it (every record of a log): a join with such a
+    frame on one side names its build side with a hint (`F.broadcast` of the other side,
+    or `.hint("shuffle_hash")` on it), else the planner may broadcast the records (a
+    trail's join did once and ran out of a 1 GB heap). It was a frame of unknown size: an
+    RDD's rows, and on Connect a Python data source's, whose planning cost the server
+    three Python daemons a run (about 5 CPU-s: docs/benchmarks/capture-cli.md)."""
+    return spark.range(0, count, 1, count).withColumnRenamed("id", "n")
 
 
 def run_tasks(spark, function: Callable[[object], object], items: Sequence[object]) -> list:
@@ -243,9 +210,7 @@ def run_tasks(spark, function: Callable[[object], object], items: Sequence[objec
                 {"n": numbers, "result": [pickle.dumps(function(todo[n])) for n in numbers]},
                 schema=pa.schema([("n", pa.int64()), ("result", pa.binary())]))
 
-    # A range of n numbers in n slices is one number per task; nothing joins this frame,
-    # so its small size estimate does no harm (compare numbered).
-    numbers = spark.range(0, len(items), 1, len(items)).withColumnRenamed("id", "n")
+    numbers = numbered(spark, len(items))  # nothing joins it (see numbered)
     rows = numbers.mapInArrow(run, "n long, result binary").collect()
     return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda row: row["n"])]
 

@@ -219,13 +219,14 @@ def assemble(spark: SparkSession, log: LogRead, decisions: Decisions, tables: li
         """The offending records themselves; only computed when a check above fails."""
         r = log.records()
         nested = r.where(F.col("parent_xid").isNotNull()).join(sub_xids, ["thread", "txid"], "left_semi")
-        after_end = (r.join(broken_txns, ["thread", "txid"])
+        # Hash the transactions' side: the records' size is unknown to the planner (spark.numbered).
+        after_end = (r.join(broken_txns.hint("shuffle_hash"), ["thread", "txid"])
                      .where((F.col("sequence") > F.col("end_sequence")) |
                             ((F.col("sequence") == F.col("end_sequence")) & (F.col("rba") > F.col("end_rba"))))
                      .select("thread", "sequence", "rba", "file", F.format_string(
                          "record of transaction %s after its %s at sequence %d rba %d",
                          "txid", "end_op", "end_sequence", "end_rba").alias("message")))
-        after_rollback = (r.join(broken_subs, ["thread", "xid"])
+        after_rollback = (r.join(broken_subs.hint("shuffle_hash"), ["thread", "xid"])
                           .where(packed("sequence", "rba") > F.col("rolled_back_at"))
                           .select("thread", "sequence", "rba", "file", F.format_string(
                               "record of subtransaction %s after its ROLLBACK", "xid").alias("message")))

@@ -206,8 +206,8 @@ class LogRead:
 
         frames = []
         if chunks:
-            # One task per chunk, from a frame whose size the planner does not know (not
-            # spark.range: see trailbound.spark.numbered).
+            # One task per chunk. The planner takes this frame for a few bytes: every join of
+            # it names its build side (see trailbound.spark.numbered).
             numbers = numbered(self.spark, len(chunks))
             frames.append(numbers.mapInArrow(read_chunks, output))
         if self._jsonl and read_jsonl:

@@ -27,7 +27,7 @@ from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
 from trailbound.capture import recovery, trailwrite
-from trailbound.capture.assemble import OPEN, SKIP, WRITE, Decisions, assemble
+from trailbound.capture.assemble import OPEN, SKIP, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.capture.logread import LogRead, ReadWindow
 from trailbound.config import Config, ExtractConfig
@@ -211,6 +211,40 @@ class _Run:
     watch: Stopwatch
 
 
+@dataclass
+class _Outcome:
+    """What the driver needs of a run's assembly, collected in one Spark job (each job
+    over the cached roll-up cost its planning, generated code and, on Spark Connect, the
+    Python workers that plan `spark.numbered`'s source): whether the log breaks the
+    contract, the trail files to write, the transactions still open (with the forced
+    ones) and what was read per thread."""
+
+    broken: bool
+    files: dict[int, dict]
+    open_rows: list
+    log_reads: list
+
+    @classmethod
+    def collect(cls, assembly, max_bytes: int) -> "_Outcome":
+        txns = assembly.transactions
+        parts = {
+            "broken": assembly.broken.limit(1).select(),
+            "file": trailwrite.file_plan(assembly.written, max_bytes),
+            "open": txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())
+                               | F.col("forced")).select("thread", "txid", "start", "end", "records", "bytes",
+                                                         "skip_reason", "forced"),
+            "read": assembly.log_reads,
+        }
+        frames = [frame.withColumn("part", F.lit(part)) for part, frame in parts.items()]
+        union = frames[0]
+        for frame in frames[1:]:
+            union = union.unionByName(frame, allowMissingColumns=True)
+        rows: dict[str, list] = {part: [] for part in parts}
+        for row in union.collect():
+            rows[row["part"]].append(row)
+        return cls(bool(rows["broken"]), trailwrite.planned_files(rows["file"]), rows["open"], rows["read"])
+
+
 def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:
     state, extract, log, segments, plan, watch = run.state, run.extract, run.log, run.segments, run.plan, run.watch
     log_bsn = run.log_bsn
@@ -225,17 +259,16 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
                           horizon_scn=horizon_scn, read_time=read_time)
     assembly = assemble(spark, log, decisions, extract.table, log_bsn)
     txns = assembly.transactions
-    broken = assembly.broken.limit(1).count()
-    watch.lap("read and group transactions")
-    if broken:
+    outcome = _Outcome.collect(assembly, int(extract.megabytes * 1024 * 1024))
+    watch.lap("read and group transactions, plan trail files (Spark)")
+    if outcome.broken:
         bad = assembly.violations().orderBy("thread", "sequence", "rba").limit(1).collect()[0]
         path = next((s.path for s in segments if s.path.name == bad["file"]), bad["file"])
         raise ArchiveError(path, bad["message"], rba=bad["rba"])
 
     prefix = state.exttrail
     _remove_uncommitted_files(store, prefix, state.write.position.seqno)
-    expected = trailwrite.plan_files(assembly.written, int(extract.megabytes * 1024 * 1024))
-    watch.lap("plan trail files (Spark)")
+    expected = outcome.files
     crashpoint("before_trail_write")
     # defs.json read after the segments were cataloged: it holds every version they use
     layouts, versions = _copy_line_layouts(config, extract)
@@ -256,16 +289,15 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     # table. A committed transaction that touched only other tables is read but writes
     # nothing; counting it made "wrote N transactions" exceed what pump and replicat count
     # on the same trail (issue 41).
-    written_transactions = txns.where((F.col("fate") == WRITE) & (F.col("kept_records") > 0)).count()
-    open_rows = txns.where(F.col("fate").isin(OPEN) | ((F.col("fate") == SKIP) & F.col("end").isNull())
-                           | F.col("forced")).collect()
-    per_thread = assembly.log_reads.collect()
+    written_transactions = sum(plan["transactions"] for plan in expected.values())
+    open_rows, per_thread = outcome.open_rows, outcome.log_reads
 
     # Open transactions now: carried skips with no record in this run, then all seen. (No
     # join without skips: Spark answers a join with an empty side at once but leaves the
     # other side's stage running, a second of both cores at 1M records.)
     seen = {(row["thread"], row["txid"]) for row in txns.join(
-        spark.createDataFrame(decisions.skips, "thread int, txid string, reason string"), ["thread", "txid"])
+        F.broadcast(spark.createDataFrame(decisions.skips, "thread int, txid string, reason string")),
+        ["thread", "txid"])
         .select("thread", "txid").collect()} if decisions.skips else set()
     carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
     previous = {(t.thread, t.xid): t for t in state.open}

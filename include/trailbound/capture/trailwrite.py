@@ -40,7 +40,7 @@ from trailbound.spark import parallelism
 from trailbound.trail import format as trails
 from trailbound import files as trailfs
 
-_FILES = pa.schema([("file_no", pa.int64()), ("records", pa.int64())]
+_FILES = pa.schema([("file_no", pa.int64()), ("records", pa.int64()), ("transactions", pa.int64())]
                    + [(f"first_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS]
                    + [(f"last_{c}", pa.int32() if c == "csn_thread" else pa.int64()) for c in CSN_COLUMNS])
 _WRITTEN = pa.schema([("file_no", pa.int64()), ("path", pa.string()), ("records", pa.int64()), ("bytes", pa.int64()),
@@ -48,9 +48,11 @@ _WRITTEN = pa.schema([("file_no", pa.int64()), ("path", pa.string()), ("records"
                       ("op_counts", pa.string())])   # JSON [[table, op, n], ...]: STATS EXTRACT
 
 
-def plan_files(written: DataFrame, max_bytes: int) -> dict[int, dict]:
-    """The files of `written` (one row per transaction: CSN columns, records, bytes): per
-    file number, its record count and its first and last CSN."""
+def file_plan(written: DataFrame, max_bytes: int) -> DataFrame:
+    """The files of `written` (one row per transaction: CSN columns, records, bytes), one
+    row per file (_FILES: its record and transaction counts, its first and last CSN),
+    computed by one task. `planned_files` makes the plan of the rows collected; the run
+    collects them in one job with its other small results (capture.run)."""
 
     def plan(batches):
         import pyarrow.compute as pc
@@ -60,14 +62,20 @@ def plan_files(written: DataFrame, max_bytes: int) -> dict[int, dict]:
         numbers = pa.array(trails.plan_rollover(table.column("bytes").to_numpy(), max_bytes), pa.int64())
         table = table.append_column("file_no", numbers)
         files = table.group_by("file_no", use_threads=False).aggregate(
-            [("records", "sum")] + [(c, "first") for c in CSN_COLUMNS] + [(c, "last") for c in CSN_COLUMNS])
+            [("records", "sum"), ([], "count_all")] + [(c, "first") for c in CSN_COLUMNS]
+            + [(c, "last") for c in CSN_COLUMNS])
         yield from files.rename_columns(_FILES.names).cast(_FILES).to_batches()
 
     # One partition: the rollover is a running sum over all of them in commit order (the
     # task sorts them itself, faster than Spark's sort of the same rows into one task).
-    rows = (written.select(*CSN_COLUMNS, "records", "bytes").repartition(1)
-            .mapInArrow(_empty_safe(plan), spark_schema(_FILES)).collect())
-    return {row["file_no"]: {"records": row["records"],
+    return (written.select(*CSN_COLUMNS, "records", "bytes").repartition(1)
+            .mapInArrow(_empty_safe(plan), spark_schema(_FILES)))
+
+
+def planned_files(rows) -> dict[int, dict]:
+    """Per file number of `file_plan`'s rows: its record and transaction counts and its
+    first and last CSN."""
+    return {row["file_no"]: {"records": row["records"], "transactions": row["transactions"],
                              "first_csn": Csn(*(row[f"first_{c}"] for c in CSN_COLUMNS)),
                              "last_csn": Csn(*(row[f"last_{c}"] for c in CSN_COLUMNS))} for row in rows}
 
