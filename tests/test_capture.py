@@ -237,6 +237,23 @@ def test_a_record_after_commit_across_runs_stops_capture_and_moves_nothing(tmp_p
     assert bad.exists()
 
 
+def test_a_run_failing_after_its_spark_work_gives_back_its_cache_and_moves_nothing(tmp_path, spark, store):
+    """A Spark Connect server's cache is shared by its sessions and outlives them: a run
+    that fails (here: its trail directory cannot be made) must uncache what it cached, or
+    a long-lived server keeps it until restarted."""
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "A", 1), rec(20, "A", "COMMIT")], 100)
+    config = load_config(tmp_path)
+    (tmp_path / "dirdat").write_text("a file where the trail's directory goes")
+    cache = spark._jsparkSession.sharedState().cacheManager()   # the JVM's, shared by every session
+    spark.catalog.clearCache()
+    with pytest.raises(OSError) as error:
+        run(spark, store, config)
+    assert str(tmp_path / "dirdat") in str(error.value)
+    assert cache.isEmpty(), "the failed run uncached its frames"
+    assert committed_trail(store, config) == [], "nothing committed"
+
+
 def test_alter_extract_begin_is_refused_while_a_run_holds_the_group(tmp_path, spark, store, group_held_elsewhere, capsys,
                                                                    monkeypatch):
     archive = new_archive(tmp_path)

@@ -13,6 +13,7 @@ it again. `crashpoint(name)` lets tests kill the job at each named step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -258,129 +259,138 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
                           forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
                           horizon_scn=horizon_scn, read_time=read_time)
     assembly = assemble(spark, log, decisions, extract.table, log_bsn)
-    txns = assembly.transactions
-    outcome = _Outcome.collect(assembly, int(extract.megabytes * 1024 * 1024))
-    watch.lap("read and group transactions, plan trail files (Spark)")
-    if outcome.broken:
-        bad = assembly.violations().orderBy("thread", "sequence", "rba").limit(1).collect()[0]
-        path = next((s.path for s in segments if s.path.name == bad["file"]), bad["file"])
-        raise ArchiveError(path, bad["message"], rba=bad["rba"])
+    # On a Spark Connect server the cache outlives the session: a run that fails must
+    # still give back what it cached (one killed leaves it until the server restarts).
+    try:
+        txns = assembly.transactions
+        outcome = _Outcome.collect(assembly, int(extract.megabytes * 1024 * 1024))
+        watch.lap("read and group transactions, plan trail files (Spark)")
+        if outcome.broken:
+            bad = assembly.violations().orderBy("thread", "sequence", "rba").limit(1).collect()[0]
+            path = next((s.path for s in segments if s.path.name == bad["file"]), bad["file"])
+            raise ArchiveError(path, bad["message"], rba=bad["rba"])
 
-    prefix = state.exttrail
-    _remove_uncommitted_files(store, prefix, state.write.position.seqno)
-    expected = outcome.files
-    crashpoint("before_trail_write")
-    # defs.json read after the segments were cataloged: it holds every version they use
-    layouts, versions = _copy_line_layouts(config, extract)
-    # A run whose trail holds the first transactions of a table version (a crash test's
-    # steps around them; a kill anywhere here leaves nothing committed).
-    new_version = _writes_a_new_version(versions, state.write.last_csn, expected)
-    if new_version:
-        crashpoint("before_new_version_write")
-    trail = assembly.trail(trailwrite.file_number(expected)) if expected else None
-    files, counts = trailwrite.write_files(spark, trail, expected, prefix, state.write.position.seqno + 1,
-                                           group=state.group, log_bsn=log_bsn, layouts=layouts, versions=versions)
-    watch.lap("write trail files (Spark tasks)")
-    if new_version:
-        crashpoint("after_new_version_write")
-    crashpoint("after_trail_write")
+        prefix = state.exttrail
+        _remove_uncommitted_files(store, prefix, state.write.position.seqno)
+        expected = outcome.files
+        crashpoint("before_trail_write")
+        # defs.json read after the segments were cataloged: it holds every version they use
+        layouts, versions = _copy_line_layouts(config, extract)
+        # A run whose trail holds the first transactions of a table version (a crash test's
+        # steps around them; a kill anywhere here leaves nothing committed).
+        new_version = _writes_a_new_version(versions, state.write.last_csn, expected)
+        if new_version:
+            crashpoint("before_new_version_write")
+        trail = assembly.trail(trailwrite.file_number(expected)) if expected else None
+        files, counts = trailwrite.write_files(spark, trail, expected, prefix, state.write.position.seqno + 1,
+                                               group=state.group, log_bsn=log_bsn, layouts=layouts, versions=versions)
+        watch.lap("write trail files (Spark tasks)")
+        if new_version:
+            crashpoint("after_new_version_write")
+        crashpoint("after_trail_write")
 
-    # Transactions written: those that reached the trail, i.e. with a record of a captured
-    # table. A committed transaction that touched only other tables is read but writes
-    # nothing; counting it made "wrote N transactions" exceed what pump and replicat count
-    # on the same trail (issue 41).
-    written_transactions = sum(plan["transactions"] for plan in expected.values())
-    open_rows, per_thread = outcome.open_rows, outcome.log_reads
+        # Transactions written: those that reached the trail, i.e. with a record of a captured
+        # table. A committed transaction that touched only other tables is read but writes
+        # nothing; counting it made "wrote N transactions" exceed what pump and replicat count
+        # on the same trail (issue 41).
+        written_transactions = sum(plan["transactions"] for plan in expected.values())
+        open_rows, per_thread = outcome.open_rows, outcome.log_reads
 
-    # Open transactions now: carried skips with no record in this run, then all seen. (No
-    # join without skips: Spark answers a join with an empty side at once but leaves the
-    # other side's stage running, a second of both cores at 1M records.)
-    seen = {(row["thread"], row["txid"]) for row in txns.join(
-        F.broadcast(spark.createDataFrame(decisions.skips, "thread int, txid string, reason string")),
-        ["thread", "txid"])
-        .select("thread", "txid").collect()} if decisions.skips else set()
-    carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
-    previous = {(t.thread, t.xid): t for t in state.open}
-    still_persisted = {(t.thread, t.xid): t.persisted for t in plan.restored}
-    forced_csn = {}
-    state.open = carried
-    for row in open_rows:
-        key = (row["thread"], row["txid"])
-        reason = row["skip_reason"]
-        if row["forced"]:
-            forced_csn[key] = Csn.forced(horizon_scn, row["end"]["rba"])
-            reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
-        start = _read_checkpoint(row["thread"], row["start"])
-        if key in previous and previous[key].start.position < start.position:
-            start = previous[key].start  # a skipped transaction re-read only in part keeps its start
-        state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
-                                               reason, None if reason else still_persisted.get(key)))
+        # Open transactions now: carried skips with no record in this run, then all seen. (No
+        # join without skips: Spark answers a join with an empty side at once but leaves the
+        # other side's stage running, a second of both cores at 1M records.)
+        seen = {(row["thread"], row["txid"]) for row in txns.join(
+            F.broadcast(spark.createDataFrame(decisions.skips, "thread int, txid string, reason string")),
+            ["thread", "txid"])
+            .select("thread", "txid").collect()} if decisions.skips else set()
+        carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
+        previous = {(t.thread, t.xid): t for t in state.open}
+        still_persisted = {(t.thread, t.xid): t.persisted for t in plan.restored}
+        forced_csn = {}
+        state.open = carried
+        for row in open_rows:
+            key = (row["thread"], row["txid"])
+            reason = row["skip_reason"]
+            if row["forced"]:
+                forced_csn[key] = Csn.forced(horizon_scn, row["end"]["rba"])
+                reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
+            start = _read_checkpoint(row["thread"], row["start"])
+            if key in previous and previous[key].start.position < start.position:
+                start = previous[key].start  # a skipped transaction re-read only in part keeps its start
+            state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
+                                                   reason, None if reason else still_persisted.get(key)))
 
-    # A read checkpoint's redo file is its own sequence's (for a recovery checkpoint, a
-    # transaction's start, usually not the current file).
-    redo_files = {(g.thread, g.sequence): g.path.name for g in segments}
-    for row in per_thread:
-        thread, last, first = row["thread"], row["last"], row["first"]
-        state.read["current"][thread] = _read_checkpoint(thread, last, redo_files[(thread, last["sequence"])])
-        state.read["startup"].setdefault(thread, _read_checkpoint(thread, first,
-                                                                  redo_files[(thread, first["sequence"])]))
-    for thread, current in state.read["current"].items():
-        starts = [t.start for t in state.open if t.thread == thread and t.skip_reason is None and t.persisted is None]
-        oldest = min(starts, key=lambda s: s.position) if starts else current
-        state.read["recovery"][thread] = dataclasses.replace(
-            oldest, segment=oldest.segment or redo_files.get((thread, oldest.position.sequence)))
+        # A read checkpoint's redo file is its own sequence's (for a recovery checkpoint, a
+        # transaction's start, usually not the current file).
+        redo_files = {(g.thread, g.sequence): g.path.name for g in segments}
+        for row in per_thread:
+            thread, last, first = row["thread"], row["last"], row["first"]
+            state.read["current"][thread] = _read_checkpoint(thread, last, redo_files[(thread, last["sequence"])])
+            state.read["startup"].setdefault(thread, _read_checkpoint(thread, first,
+                                                                      redo_files[(thread, first["sequence"])]))
+        for thread, current in state.read["current"].items():
+            starts = [t.start for t in state.open
+                      if t.thread == thread and t.skip_reason is None and t.persisted is None]
+            oldest = min(starts, key=lambda s: s.position) if starts else current
+            state.read["recovery"][thread] = dataclasses.replace(
+                oldest, segment=oldest.segment or redo_files.get((thread, oldest.position.sequence)))
 
-    warnings = []
-    if plan.reason:
-        warnings.append({"kind": "br_fallback", "detail": {"reason": plan.reason, "recovery": "normal"}})
-        failure = "missing" in plan.reason or "corrupt" in plan.reason
-        if failure and extract.br.broffonfailure:
-            state.br_suspended = plan.reason
-    if run.brreset:
-        state.br_suspended = None
-    warnings += _long_transaction_warnings(state, extract, read_time)
-    br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, log, horizon_scn, read_time)
-    watch.lap("bounded recovery")
-    crashpoint("after_br_persist")
+        warnings = []
+        if plan.reason:
+            warnings.append({"kind": "br_fallback", "detail": {"reason": plan.reason, "recovery": "normal"}})
+            failure = "missing" in plan.reason or "corrupt" in plan.reason
+            if failure and extract.br.broffonfailure:
+                state.br_suspended = plan.reason
+        if run.brreset:
+            state.br_suspended = None
+        warnings += _long_transaction_warnings(state, extract, read_time)
+        br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, log, horizon_scn, read_time)
+        watch.lap("bounded recovery")
+        crashpoint("after_br_persist")
 
-    if files:
-        state.write = ckpt.WriteCheckpoint(TrailPosition(files[-1].seqno, files[-1].records), files[-1].last_csn)
-    read_from = state.read_scn
-    state.read_scn, state.read_time = horizon_scn, read_time
-    state.table_spec = table_spec(extract.table)
-    records_read = sum(row["n"] for row in per_thread)
-    records_written = sum(f.records for f in files)
-    done = [(d.directive_id, "applied: brreset, normal recovery this run") for d in state.directives
-            if d.kind == "brreset"]
-    done += [(d.directive_id, f"applied: transaction {d.xid} skipped; it never reaches the trail")
-             for d, _ in skip_targets]
-    done += [(d.directive_id, f"applied: transaction {d.xid} written at CSN {forced_csn[(thread, d.xid)]}"
-              if (thread, d.xid) in forced_csn else f"transaction {d.xid} had ended on its own before it was forced")
-             for d, thread in force_targets]
-    with store.transaction() as cur:
-        checkpoint_id = None
-        if br_checkpoint is not None:
-            checkpoint_id = ckpt.insert_br_checkpoint(cur, state.group, **br_checkpoint)
-            state.br_checkpoint = ckpt.BrCheckpoint(checkpoint_id, **br_checkpoint)
-        required = recovery.required_scn(state, recovery.committed_plan(state))
-        ckpt.commit_run(cur, state, files, required, {
-            "started_at": run.started_at, "until": run.until, "read_from_scn": read_from, "horizon_scn": horizon_scn,
-            "records_read": records_read, "transactions": written_transactions, "records_written": records_written,
-            "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
-            "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
-            "br_checkpoint_id": checkpoint_id}, warnings, done)
-        runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
-                         counts)
-    watch.lap("checkpoints")
-    crashpoint("after_checkpoint_commit")
-    if not extract.br.brkeepstalefiles:
-        bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
-                                   {t.persisted.file for t in state.open if t.persisted})
-    for frame in assembly.cached:
-        frame.unpersist()
-    return RunResult(state.group, horizon_scn, records_read, written_transactions, records_written, files,
-                     len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
-                     br_checkpoint=br_checkpoint is not None)
+        if files:
+            state.write = ckpt.WriteCheckpoint(TrailPosition(files[-1].seqno, files[-1].records), files[-1].last_csn)
+        read_from = state.read_scn
+        state.read_scn, state.read_time = horizon_scn, read_time
+        state.table_spec = table_spec(extract.table)
+        records_read = sum(row["n"] for row in per_thread)
+        records_written = sum(f.records for f in files)
+        done = [(d.directive_id, "applied: brreset, normal recovery this run") for d in state.directives
+                if d.kind == "brreset"]
+        done += [(d.directive_id, f"applied: transaction {d.xid} skipped; it never reaches the trail")
+                 for d, _ in skip_targets]
+        done += [(d.directive_id, f"applied: transaction {d.xid} written at CSN {forced_csn[(thread, d.xid)]}"
+                  if (thread, d.xid) in forced_csn
+                  else f"transaction {d.xid} had ended on its own before it was forced")
+                 for d, thread in force_targets]
+        with store.transaction() as cur:
+            checkpoint_id = None
+            if br_checkpoint is not None:
+                checkpoint_id = ckpt.insert_br_checkpoint(cur, state.group, **br_checkpoint)
+                state.br_checkpoint = ckpt.BrCheckpoint(checkpoint_id, **br_checkpoint)
+            required = recovery.required_scn(state, recovery.committed_plan(state))
+            ckpt.commit_run(cur, state, files, required, {
+                "started_at": run.started_at, "until": run.until, "read_from_scn": read_from,
+                "horizon_scn": horizon_scn,
+                "records_read": records_read, "transactions": written_transactions, "records_written": records_written,
+                "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
+                "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
+                "br_checkpoint_id": checkpoint_id}, warnings, done)
+            runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
+                             counts)
+        watch.lap("checkpoints")
+        crashpoint("after_checkpoint_commit")
+        if not extract.br.brkeepstalefiles:
+            bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
+                                       {t.persisted.file for t in state.open if t.persisted})
+        return RunResult(state.group, horizon_scn, records_read, written_transactions, records_written, files,
+                         len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
+                         br_checkpoint=br_checkpoint is not None)
+    finally:
+        for frame in assembly.cached:
+            # Best effort: a server gone (the run's own error) must not be hidden by this.
+            with contextlib.suppress(Exception):
+                frame.unpersist()
 
 
 def _long_transaction_warnings(state: ckpt.ExtractState, extract, read_time) -> list[dict]:
