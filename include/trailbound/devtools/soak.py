@@ -428,7 +428,8 @@ class Soak:
                 for marker in ("ERROR source", "ERROR lost the connection", "ERROR "):
                     at = line.find(marker)
                     if at >= 0:
-                        text = line[at:at + 300].split("\\n")[0].rstrip('",}')
+                        # A task log's line is JSON: the message ends at its string's end.
+                        text = re.split(r'\\n|",', line[at:at + 300])[0].rstrip('",}')
                         if text not in seen and "Traceback" not in text:
                             seen.append(text)
                         break
