@@ -2,9 +2,9 @@
 
 A page under docs/benchmarks/ starts with the latest run's report (what the script
 generates) and keeps below it, by hand or from earlier runs, the before/after history
-and its analysis. A script replaces only the report: the page's text from its first
-"## Earlier runs" or "## Before" heading on stays; a page with neither is kept whole
-under a new "## Earlier runs" heading.
+and its analysis. A new report goes on top; the report it replaces (with whatever was
+written beside it by hand) is kept under an "## Earlier runs" heading, above the page's
+older history (its first "## Earlier runs" or "## Before" heading on).
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ KEPT_HEADINGS = ("## Earlier runs", "## Before")
 
 def write_report(path: Path, report: str) -> None:
     old = path.read_text() if path.exists() else ""
-    found = [old.index(heading) for heading in KEPT_HEADINGS if heading in old]
-    if found:
-        kept = old[min(found):]
-    elif old.strip():
-        lines = old.splitlines()
-        body = "\n".join(lines[1:] if lines[0].startswith("# ") else lines).strip()
-        kept = f"## Earlier runs (the page as it was before the run above)\n\n{body}\n"
-    else:
-        kept = ""
+    lines = old.splitlines()
+    body = "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines).strip()
+    found = [body.index(heading) for heading in KEPT_HEADINGS if heading in body]
+    previous, history = (body[:min(found)], body[min(found):]) if found else (body, "")
+    kept = [f"## Earlier runs: the report before the one above\n\n{previous.strip()}\n"] if previous.strip() else []
+    kept += [history.strip() + "\n"] if history.strip() else []
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report.rstrip() + "\n\n" + kept if kept else report)
+    path.write_text(report.rstrip() + "\n\n" + "\n".join(kept) if kept else report)
