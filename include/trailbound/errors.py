@@ -53,7 +53,9 @@ def raised_in_a_spark_task(exc: BaseException) -> TrailboundError | None:
     its path), out of the PythonException that carries it to the driver as a worker's
     traceback; None for any other exception. The command line then prints the same one
     ERROR line as for the error raised on the driver, not two stack traces."""
-    if type(exc).__name__ != "PythonException":
+    # A PythonException; or, when the failed job ran on another thread of the driver (a
+    # broadcast, a subquery), the Py4JJavaError of the ExecutionException that wraps it.
+    if type(exc).__name__ != "PythonException" and "org.apache.spark.api.python.PythonException" not in str(exc):
         return None
     found = _RAISED_IN_A_TASK.findall(str(exc))
     return TrailboundError(found[-1]) if found else None
