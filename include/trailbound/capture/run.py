@@ -214,9 +214,8 @@ class _Run:
 
 @dataclass
 class _Outcome:
-    """What the driver needs of a run's assembly, collected in one Spark job (each job
-    over the cached roll-up cost its planning, generated code and, on Spark Connect, the
-    Python workers that plan `spark.numbered`'s source): whether the log breaks the
+    """What the driver needs of a run's assembly, collected in one Spark action (each
+    action over the cached roll-up costs its planning and generated code): whether the log breaks the
     contract, the trail files to write, the transactions still open (with the forced
     ones) and what was read per thread."""
 
