@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import re
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,13 +58,61 @@ print("plain: wrote", out)
 """
 
 
+class PeakRss:
+    """While a process runs, every 0.5 s, the peak RSS of the processes in its cgroup and in
+    the Connect server's: each process's VmHWM (the kernel's own high-water mark, so nothing
+    between samples is missed while it lives), by kind (a JVM, or Python: the client itself,
+    or the server's Python workers, whose live RSS is also summed). The server's JVM lives
+    across runs: its figure is its high-water mark since its start."""
+
+    def __init__(self, client: CpuGroup, server: CpuGroup | None):
+        self.groups = {"client": client, **({"server": server} if server is not None else {})}
+        self.peak_kb: dict[str, int] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "PeakRss":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(0.5):
+            self.sample()
+
+    def sample(self) -> None:
+        for where, group in self.groups.items():
+            together = 0
+            for pid in (group.path / "cgroup.procs").read_text().split():
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue  # gone meanwhile
+                kind = "JVM" if re.search(r"^Name:\s+java", status, re.M) else "Python"
+                hwm, rss = (int(m.group(1)) if (m := re.search(rf"{field}:\s+(\d+)", status)) else 0
+                            for field in ("VmHWM", "VmRSS"))
+                key = f"{where} {kind}"
+                self.peak_kb[key] = max(self.peak_kb.get(key, 0), hwm)
+                together += rss if kind == "Python" else 0
+            key = f"{where} Python together"
+            self.peak_kb[key] = max(self.peak_kb.get(key, 0), together)
+
+    def mb(self, key: str) -> float | None:
+        return self.peak_kb[key] / 1024 if self.peak_kb.get(key) else None
+
+
 def timed(name: str, command: list[str], env: dict[str, str], server: CpuGroup | None = None) -> dict:
-    """Run `command` as a whole process: its wall time, its tree's CPU-s and, with `server`,
-    the Connect server's CPU-s meanwhile."""
+    """Run `command` as a whole process: its wall time, its tree's CPU-s and peak RSS and,
+    with `server`, the Connect server's CPU-s meanwhile and its peak RSS."""
     group = CpuGroup(name)
     server_before = server.seconds() if server is not None else None
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=group.enter)
+    with PeakRss(group, server) as memory:
+        done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=group.enter)
     wall = time.perf_counter() - started
     cpu = group.seconds()
     server_cpu = server.seconds() - server_before if server is not None else None
@@ -70,7 +120,13 @@ def timed(name: str, command: list[str], env: dict[str, str], server: CpuGroup |
     if done.returncode:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     last = [line for line in done.stdout.splitlines() if line.strip()]
-    return {"wall_s": wall, "cpu_s": cpu, "server_cpu_s": server_cpu, "said": last[-1][:160] if last else ""}
+    return {"wall_s": wall, "cpu_s": cpu, "server_cpu_s": server_cpu, "said": last[-1][:160] if last else "",
+            "rss_mb": {key: memory.mb(key) for key in RSS_COLUMNS}}
+
+
+# The peak RSS columns of the report: the client process (Python), the JVM it starts (cold),
+# the Connect server's JVM and its Python workers (one's peak; all live ones summed).
+RSS_COLUMNS = ("client Python", "client JVM", "server JVM", "server Python", "server Python together")
 
 
 def _environment(work: Path, remote: str | None) -> dict[str, str]:
@@ -154,12 +210,18 @@ def report(rows: list[dict], args, server_start: float | None, load_before: floa
              f"{load_before:.1f} before, {load_after:.1f} after.", ""]
     if server_start is not None:
         lines += [f"The Spark Connect server started once before the runs in {server_start:.1f} s.", ""]
-    lines += ["| repeat | variant | process | wall s | CPU-s (process tree) | CPU-s (Connect server) |",
-              "|---|---|---|---:|---:|---:|"]
+    lines += ["| repeat | variant | process | wall s | CPU-s (process tree) | CPU-s (Connect server) | "
+              "peak RSS MB: the process / its JVM | the Connect server's JVM (since its start) / a Python worker / "
+              "its Python workers together |",
+              "|---|---|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         server = f"{row['server_cpu_s']:.1f}" if row.get("server_cpu_s") is not None else ""
         cpu = f"{row['cpu_s']:.1f}" if row["cpu_s"] is not None else "?"
-        lines.append(f"| {row['repeat']} | {row['variant']} | {row['side']} | {row['wall_s']:.1f} | {cpu} | {server} |")
+        rss = {key: "-" if mb is None else f"{mb:,.0f}" for key, mb in row["rss_mb"].items()}
+        server_rss = (f"{rss['server JVM']} / {rss['server Python']} / {rss['server Python together']}"
+                      if row.get("server_cpu_s") is not None else "")
+        lines.append(f"| {row['repeat']} | {row['variant']} | {row['side']} | {row['wall_s']:.1f} | {cpu} | {server} | "
+                     f"{rss['client Python']} / {rss['client JVM']} | {server_rss} |")
     lines += ["", "| variant | best plain wall | best capture wall | **plain / capture** |", "|---|---:|---:|---:|"]
     for variant in args.variants:
         plain = min(r["wall_s"] for r in rows if r["variant"] == variant and r["side"].startswith("plain"))
