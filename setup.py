@@ -1,0 +1,21 @@
+"""The compiled parts of trailbound, the pull's hot paths in C: its row images
+(include/trailbound/sources/postgres/_rowjson_c.pyx; rowjson.py does the same without it)
+and its segments' string columns (include/trailbound/archive/_arrow_c.pyx; writer.py).
+
+`make` builds it in place (`python setup.py build_ext --inplace`, Cython from
+requirements.txt). Without Cython, or when the compiler fails, nothing is built and the
+pure-Python code runs: the extension is optional, so `pip install -e .` never fails on it.
+"""
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # pip's isolated build environment, or a venv without Cython
+    extensions = []
+else:
+    extensions = cythonize([Extension(name, [f"include/{name.replace('.', '/')}.pyx"], optional=True)
+                            for name in ("trailbound.sources.postgres._rowjson_c", "trailbound.archive._arrow_c")],
+                           quiet=True)
+
+setup(ext_modules=extensions)
