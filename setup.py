@@ -1,6 +1,7 @@
 """The compiled parts of trailbound, the pull's hot paths in C: its row images
-(include/trailbound/sources/postgres/_rowjson_c.pyx; rowjson.py does the same without it)
-and its segments' string columns (include/trailbound/archive/_arrow_c.pyx; writer.py).
+(include/trailbound/sources/postgres/_rowjson_c.pyx; rowjson.py does the same without it),
+its stream's framing (_reader_c.pyx; reader.py) and its segments' string columns
+(include/trailbound/archive/_arrow_c.pyx; writer.py).
 
 `make` builds it in place (`python setup.py build_ext --inplace`, Cython from
 requirements.txt). Without Cython, or when the compiler fails, nothing is built and the
@@ -15,7 +16,8 @@ except ImportError:  # pip's isolated build environment, or a venv without Cytho
     extensions = []
 else:
     extensions = cythonize([Extension(name, [f"include/{name.replace('.', '/')}.pyx"], optional=True)
-                            for name in ("trailbound.sources.postgres._rowjson_c", "trailbound.archive._arrow_c")],
+                            for name in ("trailbound.sources.postgres._rowjson_c", "trailbound.sources.postgres._reader_c",
+                                         "trailbound.archive._arrow_c")],
                            quiet=True)
 
 setup(ext_modules=extensions)
