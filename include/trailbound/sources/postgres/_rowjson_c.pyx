@@ -3,12 +3,12 @@
 
 rowjson.py is the one definition of what a row change becomes; this is the same, for the
 messages a pull nearly always gets (every value text or NULL, the relation's columns
-integers, booleans or anything written as a JSON string), with no Python object made per
-column: the tuples are walked and the images written into one buffer, which becomes the
-image's str at the end. Anything else (an unchanged TOASTed value, a float column, a
-value in binary, a malformed message, bytes that are not UTF-8) goes to rowjson's
-`_row_images`, which gives the same text or names the byte where the message goes wrong.
-tests/test_pg_rowjson.py checks the two against each other.
+integers, booleans or anything written as a JSON string, the message up to 1 MiB), with
+no Python object made per column: the tuples are walked and the images written into one
+buffer, which becomes the image's str at the end. Anything else (an unchanged TOASTed
+value, a float column, a value in binary, a malformed message, bytes that are not UTF-8)
+goes to rowjson's `_row_images`, which gives the same text or names the byte where the
+message goes wrong. tests/test_pg_miner.py checks the two against each other.
 
 Built by `make` (setup.py build_ext --inplace); without it rowjson.py runs alone.
 """
@@ -22,6 +22,10 @@ cdef enum:
     NUMBER = 0
     BOOLEAN = 1
     STRING = 3
+
+# A larger message goes to rowjson.py: the buffer an image is written into holds up to six
+# times the message (every byte escaped) and stays, so it stays small.
+cdef Py_ssize_t MOST = 1 << 20
 
 # rowjson sets this to its pure-Python row_images: what a message this module does not do goes to.
 fallback = None
@@ -192,7 +196,7 @@ def row_images(bytes data not None, bint in_stream, dict shapes, dict readers):
     cdef object xid = None, before = None, after = None
     cdef Shape shape
     cdef Py_ssize_t width
-    if size < 10:
+    if size < 10 or size > MOST:
         return fallback(data, in_stream, shapes, readers)
     kind = p[0]
     if in_stream:
