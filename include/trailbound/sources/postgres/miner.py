@@ -226,9 +226,10 @@ class Miner:
     def handle_batch(self, messages: list, decoding: d.Decoder) -> None:
         """Messages as the slot sent them (reader.SlotReader.batches: data_start, wal_end,
         send time in protocol microseconds, pgoutput bytes). A row change (nearly every
-        message) goes from its bytes to the archive's JSON in one pass (rowjson.py), its
-        images made only when the archive does not hold it yet (the bytes are read
-        whatever: a malformed message is refused). A batch per call, and `_account` and
+        message) goes from its bytes to its record's JSON images in one call
+        (rowjson.row_images: in C when built), the images dropped when the archive holds
+        the change already (the bytes are read whatever: a malformed message is
+        refused). A batch per call, and `_account` and
         `_emit` inline for row changes: per change, no Lsn, datetime, decoded message, call
         or look-up that is not needed (each one cost the pull a few %)."""
         readers, shapes, relations, row_kinds = self.tuple_readers, self.row_json, self.relations, d.ROW_CHANGES

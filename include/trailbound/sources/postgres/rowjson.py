@@ -14,6 +14,9 @@ The values are sliced from the message read as Latin-1, one character per byte, 
 byte offset is a character offset: for a message of ASCII only (nearly all) that is its
 text; in any other, a text value's bytes are decoded as UTF-8 before they are quoted.
 (Quoting touches only ASCII characters, which UTF-8 never uses inside a multi-byte one.)
+
+`row_images` is a whole row change's images; _rowjson_c.pyx does the same in C when it
+was built (`make`), and hands what it does not do back to `_row_images` here.
 """
 
 from __future__ import annotations
