@@ -15,9 +15,11 @@ try:
 except ImportError:  # pip's isolated build environment, or a venv without Cython
     extensions = []
 else:
-    extensions = cythonize([Extension(name, [f"include/{name.replace('.', '/')}.pyx"], optional=True)
+    extensions = cythonize([Extension(name, [f"include/{name.replace('.', '/')}.pyx"])
                             for name in ("trailbound.sources.postgres._rowjson_c", "trailbound.sources.postgres._reader_c",
                                          "trailbound.archive._arrow_c")],
                            quiet=True)
+    for extension in extensions:
+        extension.optional = True  # a compiler that fails leaves the Python (cythonize drops this flag if given to it)
 
 setup(ext_modules=extensions)
