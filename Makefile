@@ -74,12 +74,15 @@ help:
 	@echo "make clean     stop the Spark Connect server, remove the local PostgreSQL and everything under var/"
 	@echo "make distclean clean, and remove .venv"
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml setup.py $(shell find include -name '*.pyx')
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements.txt $(QUIET_PIP)
 	@# The Spark provider's pyspark-client overwrites pyspark's Python files: put pyspark back.
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall $(PYSPARK) $(QUIET_PIP)
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps -e . $(QUIET_PIP)
+	@# The pull's hot paths in C (setup.py), next to their Python: optional, the Python runs without them.
+	$(PYTHON) -W ignore setup.py -q build_ext --inplace \
+	  || echo "the compiled parts were not built: the pure-Python code runs (slower)"
 	touch $(STAMP)
 
 install: $(STAMP)

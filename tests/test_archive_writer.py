@@ -205,3 +205,28 @@ def test_write_defs(tmp_path):
     assert json.loads(path.read_text("utf-8")) == {"tables": tables}
     assert "Prüfung" in path.read_text("utf-8")
     assert [p.name for p in path.parent.iterdir()] == [DEFS_FILE]
+
+
+def test_the_compiled_string_columns_are_string_builders_arrays_and_parquet_bytes(tmp_path):
+    """_arrow_c (built by make) makes the very array StringBuilder makes, so the segment's
+    Parquet bytes are the same: NULLs anywhere, empty strings, non-ASCII, a column of NULLs."""
+    pytest.importorskip("trailbound.archive._arrow_c", reason="the compiled string columns are not built (make)")
+    from trailbound.archive import writer
+
+    columns = [["a", None, "", "héllo ✓ 𝄞", "x" * 1000, None, None, "\x00\n"],
+               ["no", "null", "at", "all"], [None] * 9, [], ["é"] * 17]
+    for values in columns:
+        compiled = writer._string_array(values)
+        builder = writer.StringBuilder()
+        builder.append_values(values)
+        expected = builder.finish()
+        assert compiled.equals(expected) and compiled.null_count == expected.null_count
+        assert compiled.to_pylist() == values
+    write_sample(tmp_path / "c", "parquet")
+    original, writer._arrow_c = writer._arrow_c, None  # the pure-Python path: StringBuilder's
+    try:
+        write_sample(tmp_path / "p", "parquet")
+    finally:
+        writer._arrow_c = original
+    name = "arch_2_000000007.parquet"
+    assert (tmp_path / "p" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()

@@ -5,6 +5,7 @@ values, keys, TOAST, streamed subtransactions; a changed table gets a new versio
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 import pyarrow.parquet as pq
@@ -335,3 +336,61 @@ def test_the_states_transaction_text_is_encode_jsons_for_every_kind_of_transacti
         assert miner_state._txn_json(txn) == encode_json(vars(txn))
     state = miner_state.MinerState(1, Lsn(10), T0, "slot", dict(enumerate(txns)))
     assert json.loads(state.to_text())["txns"] == {str(xid): vars(txn) for xid, txn in enumerate(txns)}
+
+
+def test_the_compiled_row_images_are_rowjsons_text_and_errors(monkeypatch):
+    """_rowjson_c (built by make) gives what rowjson's Python gives for every row change:
+    inserts, updates with and without the old key or row, deletes, streamed ones; escapes,
+    control characters, non-ASCII, NULL; and what it leaves to the Python (unchanged
+    TOAST, floats, bytes that are not UTF-8, malformed messages) the same text or error."""
+    import struct
+
+    _rowjson_c = pytest.importorskip("trailbound.sources.postgres._rowjson_c",
+                                     reason="the compiled row images are not built (make)")
+    from trailbound.sources.postgres import rowjson
+
+    plain = (("id", 20), ("Body \"Text\"", 25), ("ok", 16), ("small", 21), ("doc", 3802), ("é", 25), ("t", 1114))
+    with_float = plain + (("ratio", 701),)
+    shapes, readers = {}, {}
+    for oid, columns, key in ((100, plain, (0, 3)), (101, with_float, (0,)), (102, plain, ())):
+        names, oids = tuple(n for n, _ in columns), tuple(o for _, o in columns)
+        shapes[oid] = rowjson.RowJson(names, oids, key)
+        readers[oid] = shapes[oid].values
+    assert shapes[100].compiled is not None and shapes[101].compiled is None  # floats: the Python's
+    rows = [
+        ("1", "plain", "t", "-3", '{"a": [1, "b"]}', "x", "2026-11-27 10:00:00"),
+        ("-9223372036854775808", 'quote " and \\ back\\slash', "f", "0", "[]", "tab\there\nline\r\x01\x1f\x08\x0c end",
+         ""),
+        ("42", "héllo ✓ 𝄞", "t", "32767", '"s"', "\u2028\u2029\x7f", "x"),
+        ("7", None, None, None, None, None, None),
+        ("8", d.UNCHANGED, "f", "1", d.UNCHANGED, "", None),
+    ]
+    messages = []
+    for oid in shapes:
+        for values in rows:
+            values = values + ("0.5",) if oid == 101 else values
+            row = _tuple_bytes(values)
+            for head in (struct.pack("!I", oid), struct.pack("!II", 77, oid)):
+                messages += [b"I" + head + b"N" + row, b"U" + head + b"N" + row, b"U" + head + b"K" + row + b"N" + row,
+                             b"U" + head + b"O" + row + b"N" + row, b"D" + head + b"K" + row, b"D" + head + b"O" + row]
+    # not UTF-8 in a text value; a width the relation does not have; a value kind it does not know
+    messages += [messages[0].replace(b"plain", b"pl\xe9in"), b"I" + struct.pack("!I", 100) + b"N" + _tuple_bytes(("1",)),
+                 messages[0].replace(b"tplain"[:1] + struct.pack("!i", 5), b"b" + struct.pack("!i", 5))]
+    compared = 0
+    for message in messages:
+        in_stream = len(message) > 9 and message[1:5] == struct.pack("!I", 77)
+        for data in [message] + [message[:-cut] for cut in (1, 3, 20) if cut < len(message)] + [message + b"z"]:
+            try:
+                expected = rowjson._row_images(data, in_stream, shapes, readers)
+            except Exception as exc:  # noqa: BLE001: the very error is compared
+                with pytest.raises(type(exc), match=re.escape(str(exc))):
+                    _rowjson_c.row_images(data, in_stream, shapes, readers)
+            else:
+                assert _rowjson_c.row_images(data, in_stream, shapes, readers) == expected
+            compared += 1
+    assert compared > 600
+    # and the compiled code makes the usual messages' images itself, without the Python
+    monkeypatch.setattr(_rowjson_c, "fallback", None)
+    for message in messages[:6]:
+        assert _rowjson_c.row_images(message, False, shapes, readers) == rowjson._row_images(message, False, shapes,
+                                                                                              readers)

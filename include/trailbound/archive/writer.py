@@ -245,9 +245,22 @@ def _int64_array(values: Sequence[int], kind: pa.DataType) -> pa.Array:
 
 
 def _string_array(values: Sequence[str | None]) -> pa.Array:
-    builder = StringBuilder()
-    builder.append_values(values)
-    return builder.finish()
+    buffers = _arrow_c.string_buffers(values if isinstance(values, list) else list(values)) if _arrow_c else None
+    if buffers is None:
+        builder = StringBuilder()
+        builder.append_values(values)
+        return builder.finish()
+    validity, offsets, data, nulls = buffers
+    return pa.Array.from_buffers(pa.string(), len(values), [validity and pa.py_buffer(validity),
+                                                           pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+
+
+# The column's buffers written in C when it was built (make; setup.py): a third of a
+# segment's writing was StringBuilder's appends.
+try:
+    from trailbound.archive import _arrow_c
+except ImportError:
+    _arrow_c = None
 
 
 def _jsonl_bytes(columns: Mapping[str, Sequence], rba: Sequence[int]) -> bytes:

@@ -46,6 +46,7 @@ from trailbound.errors import TrailboundError
 from trailbound.metadata import connection_error
 from trailbound.sources.postgres import continuity
 from trailbound.sources.postgres import decoder as d
+from trailbound.sources.postgres import rowjson
 from trailbound.sources.postgres import state as miner_state
 from trailbound.sources.postgres.lsn import ZERO, Lsn
 from trailbound.sources.postgres.reader import ROWS_PREFIX, Micros, Received, SlotReader
@@ -169,6 +170,7 @@ class Miner:
         self.catalog = catalog or (lambda oid: {})
         self.result = result
         self.relations: dict[int, _Relation] = {}
+        self.row_json: dict[int, RowJson] = {}       # relation oid -> its RowJson
         self.tuple_readers: dict[int, Callable] = {}  # relation oid -> its RowJson.values
         # Plain ints from here on, per record (the archive's scn column): the inner loop.
         self.floor = state.next_scn.value  # the lowest scn the next record may have
@@ -224,13 +226,14 @@ class Miner:
     def handle_batch(self, messages: list, decoding: d.Decoder) -> None:
         """Messages as the slot sent them (reader.SlotReader.batches: data_start, wal_end,
         send time in protocol microseconds, pgoutput bytes). A row change (nearly every
-        message) goes from its bytes to the archive's JSON in one pass (rowjson.py), its
-        images made only when the archive does not hold it yet (the bytes are read
-        whatever: a malformed message is refused). A batch per call, and `_account` and
+        message) goes from its bytes to its record's JSON images in one call
+        (rowjson.row_images: in C when built), the images dropped when the archive holds
+        the change already (the bytes are read whatever: a malformed message is
+        refused). A batch per call, and `_account` and
         `_emit` inline for row changes: per change, no Lsn, datetime, decoded message, call
         or look-up that is not needed (each one cost the pull a few %)."""
-        readers, relations, row_change, row_kinds = self.tuple_readers, self.relations, d.row_change, d.ROW_CHANGES
-        admit, result, epoch = self._admit, self.result, d.PG_EPOCH_MICROS
+        readers, shapes, relations, row_kinds = self.tuple_readers, self.row_json, self.relations, d.ROW_CHANGES
+        admit, result, epoch, images_of = self._admit, self.result, d.PG_EPOCH_MICROS, rowjson.row_images
         for lsn, _, sent, data in messages:
             if lsn > self.last_lsn:
                 self.last_lsn = lsn
@@ -241,7 +244,7 @@ class Miner:
             streaming = self.streaming
             ts = sent + epoch if streaming else self.commit_micros
             txn = admit(lsn, ts)
-            kind, sent_xid, oid, old_kind, old, new = row_change(data, decoding.in_stream, readers)
+            kind, sent_xid, oid, before, after = images_of(data, decoding.in_stream, shapes, readers)
             if txn is None:
                 continue
             # _account
@@ -259,15 +262,7 @@ class Miner:
             relation = relations[oid]
             if not relation.resolved:
                 self._resolve(relation, lsn)
-            images = relation.json
-            if kind == 0x49:  # 'I'
-                op, before, after = "INSERT", None, images.image(new)
-            elif kind == 0x55:  # 'U': the old key ('K', the key changed), the old row ('O'), else the new key
-                op, after = "UPDATE", images.image(new)
-                before = images.image(old) if old_kind == 0x4F else images.key_image(old if old_kind == 0x4B else new)
-            else:  # 'D'
-                op, after = "DELETE", None
-                before = images.key_image(old) if old_kind == 0x4B else images.image(old)
+            op = "INSERT" if kind == 0x49 else "UPDATE" if kind == 0x55 else "DELETE"
             if relation.heartbeat and after is not None:
                 after = heartbeat.archived(after, datetime.now(UTC))
             # _emit
@@ -308,6 +303,7 @@ class Miner:
             name, names, tuple(converter(c.type_oid) for c in message.columns), key,
             RowJson(names, tuple(c.type_oid for c in message.columns), key), sent, message.oid,
             message.replica_identity == "f", heartbeat=heartbeat.is_heartbeat(name))
+        self.row_json[message.oid] = self.relations[message.oid].json
         self.tuple_readers[message.oid] = self.relations[message.oid].json.values
 
     def _resolve(self, relation: _Relation, lsn: int) -> None:

@@ -225,19 +225,11 @@ class SlotReader:
                     return
                 continue
             idle_since = None  # (no clock read per message)
-            safe = self.safe.value if self.safe is not None else 0
-            for at, (_, wal_end, _, payload) in enumerate(batch):
-                kind = payload[0] if payload else 0
-                if kind in _OPENS:
-                    boundary = False
-                elif kind in _CLOSES:
-                    boundary = True
-                    if wal_end > safe:
-                        safe = wal_end
-                    if safe >= end:
-                        self._mark_boundary(safe)
-                        yield batch[:at + 1]
-                        return
+            boundary, safe, stop = _scan(batch, boundary, self.safe.value if self.safe is not None else 0, end)
+            if stop:
+                self._mark_boundary(safe)
+                yield batch[:stop]
+                return
             self._mark_boundary(safe)
             yield batch
             if boundary:  # keepalives after the batch's last message
@@ -280,6 +272,32 @@ _KEEPALIVE = struct.Struct("!Qq?")
 _STATUS = struct.Struct("!BIBQQQq?")
 _READ_SIZE = 1 << 20
 _READ_WAIT = 0.2  # seconds a read waits for the server before it returns nothing
+
+
+def _scan_py(batch: list, boundary: bool, safe: int, end: int) -> tuple[bool, int, int]:
+    """A batch's transaction boundaries: (at a boundary after it, the safe position: the
+    WAL end of its last message that closes what is sent of a transaction, if higher, and
+    how many of its messages to take when that reaches `end`, else 0)."""
+    for at, (_, wal_end, _, payload) in enumerate(batch):
+        kind = payload[0] if payload else 0
+        if kind in _OPENS:
+            boundary = False
+        elif kind in _CLOSES:
+            boundary = True
+            if wal_end > safe:
+                safe = wal_end
+            if safe >= end:
+                return boundary, safe, at + 1
+    return boundary, safe, 0
+
+
+# The per-message loops compiled when they were built (make; setup.py): reader.py's own otherwise.
+try:
+    from trailbound.sources.postgres import _reader_c
+except ImportError:
+    _reader_c, _scan = None, _scan_py
+else:
+    _scan = _reader_c.scan
 
 
 def _now_micros() -> int:
@@ -357,8 +375,12 @@ class _SocketStream:
             if 1 + size > end:  # a large message: receive the rest of it at once
                 data = self._complete(data, 1 + size)
                 end = len(data)
-        messages = []
-        append, frame, xlog_data, wal_end = messages.append, _FRAME.unpack_from, _XLOG_DATA.unpack_from, self.wal_end
+        messages, wal_end = [], self.wal_end
+        if _reader_c is not None:  # the usual frames in C; from the first other one on, below
+            at, wal_end, reply = _reader_c.cut(data, messages, wal_end)
+            if reply:
+                self._send_status(self.confirmed)
+        append, frame, xlog_data = messages.append, _FRAME.unpack_from, _XLOG_DATA.unpack_from
         while end - at >= 5:
             kind, size = frame(data, at)
             stop = at + 1 + size

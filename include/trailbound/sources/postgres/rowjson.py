@@ -14,6 +14,9 @@ The values are sliced from the message read as Latin-1, one character per byte, 
 byte offset is a character offset: for a message of ASCII only (nearly all) that is its
 text; in any other, a text value's bytes are decoded as UTF-8 before they are quoted.
 (Quoting touches only ASCII characters, which UTF-8 never uses inside a multi-byte one.)
+
+`row_images` is a whole row change's images; _rowjson_c.pyx does the same in C when it
+was built (`make`), and hands what it does not do back to `_row_images` here.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import struct
 from operator import itemgetter
 
 from trailbound.archive.writer import encode_json
-from trailbound.sources.postgres.decoder import DecodeError
+from trailbound.sources.postgres.decoder import DecodeError, row_change
 from trailbound.sources.postgres.values import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, OID, _float
 
 _INT16 = struct.Struct("!h")
@@ -44,7 +47,7 @@ class RowJson:
     """One relation's columns: how each value is written, and the templates of its row's
     and its key's images."""
 
-    __slots__ = ("kinds", "keys", "template", "key", "key_keys", "key_template", "_pick", "values")
+    __slots__ = ("kinds", "keys", "template", "key", "key_keys", "key_template", "_pick", "values", "compiled")
 
     def __init__(self, names: tuple[str, ...], type_oids: tuple[int, ...], key: tuple[int, ...]):
         self.kinds = tuple(_KINDS.get(oid, _STRING) for oid in type_oids)
@@ -59,6 +62,8 @@ class RowJson:
         # values(data, at): the tuple at `at`, each column's JSON value (None for an
         # unchanged TOASTed value, which the image leaves out), and the position after it
         self.values = _reader(self.kinds)
+        # the relation for _rowjson_c, which writes no float (rowjson's _float is the one definition)
+        self.compiled = Shape(self.kinds, self.keys, key) if Shape is not None and _FLOAT not in self.kinds else None
 
     def image(self, values: list) -> str:
         """The row's JSON: every column sent (an unchanged TOASTed one is absent: it keeps its value)."""
@@ -71,6 +76,30 @@ class RowJson:
         if None in picked:
             return _sparse(self.key_keys, picked)
         return self.key_template % picked
+
+
+def _row_images(data: bytes, in_stream: bool, shapes: dict[int, RowJson], readers: dict):
+    """A row change's record images: (kind byte, xid (streamed) or None, relation oid, before, after).
+    `shapes`: relation oid -> its RowJson; `readers`: oid -> its RowJson.values."""
+    kind, xid, oid, old_kind, old, new = row_change(data, in_stream, readers)
+    images = shapes[oid]
+    if kind == 0x49:  # 'I'
+        return kind, xid, oid, None, images.image(new)
+    if kind == 0x55:  # 'U': the old key ('K', the key changed), the old row ('O'), else the new key
+        before = images.image(old) if old_kind == 0x4F else images.key_image(old if old_kind == 0x4B else new)
+        return kind, xid, oid, before, images.image(new)
+    # 'D'
+    return kind, xid, oid, images.key_image(old) if old_kind == 0x4B else images.image(old), None
+
+
+# The same in C when it was built (make; setup.py), this module's code for what it leaves out.
+try:
+    from trailbound.sources.postgres import _rowjson_c
+except ImportError:
+    Shape, row_images = None, _row_images
+else:
+    _rowjson_c.fallback = _row_images
+    Shape, row_images = _rowjson_c.Shape, _rowjson_c.row_images
 
 
 # A tuple's columns are read by a function made for the relation's column kinds, its column
