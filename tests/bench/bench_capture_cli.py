@@ -28,6 +28,7 @@ Needs TRAILBOUND_METADATA_DSN (make bench provides its throwaway server).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import re
@@ -45,6 +46,9 @@ from benchdb import fresh_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "capture-cli.md"
+# Named by checkout: the same bench run from another worktree against the same server drops
+# and recreates its own database, not this one (a 10M capture lost its metadata session so).
+METADATA_DB = f"trailbound_bench_cli_{hashlib.sha256(str(REPO).encode()).hexdigest()[:8]}"
 
 PLAIN_JOB = """
 import sys
@@ -147,7 +151,7 @@ def one_round(work: Path, variant: str, remote: str | None, server: CpuGroup | N
     plain = timed(f"plain-{variant}", [sys.executable, "-c", PLAIN_JOB, str(archive), str(work / "plain")], env, server)
     for leftover in ("dirdat", "brfiles"):
         shutil.rmtree(work / leftover, ignore_errors=True)
-    env["TRAILBOUND_METADATA_DSN"] = fresh_database(os.environ["TRAILBOUND_METADATA_DSN"], "trailbound_bench_cli")
+    env["TRAILBOUND_METADATA_DSN"] = fresh_database(os.environ["TRAILBOUND_METADATA_DSN"], METADATA_DB)
     capture = timed(f"capture-{variant}", [sys.executable, "-m", "trailbound.cli", "extract", "run", "EXT1"], env,
                     server)
     return [dict(plain, variant=variant, side="plain read+sort+write"),
