@@ -721,7 +721,8 @@ def plot(runs: list[dict], path: Path) -> None:
     cpu: list[tuple[str, list[tuple[str, float]]]] = []
     for f in runs:
         how = ("stages at once (replicate)" if f["mode"] == "overlap" else "stages one after another"
-               if f["mode"] == "separate" else "pull inside capture") + (", Connect" if f["remote"] else ", Spark local")
+               if f["mode"] == "separate" else "pull inside capture") + (", Connect" if f["remote"] else ", Spark local") \
+            + f" ({f['when'][11:16]})"  # the run's time, as native's beside it: two runs' rows are told apart
         if f["mode"] == "overlap":
             bars.append((f"trailbound: {how}", [("replicate", f["pipeline"])]))
         else:
@@ -739,11 +740,11 @@ def plot(runs: list[dict], path: Path) -> None:
         if "debezium" in f:
             pull_wall, pull_cpu, pull_source = pull_figures(f)
             d = f["debezium"]
-            bars.append(("trailbound archive pull (read only)", [("pull", pull_wall)]))
-            bars.append(("Debezium PostgreSQL connector (read only)", [("debezium", d["seconds"])]))
-            cpu.append(("trailbound archive pull (read only)",
+            bars.append((f"trailbound archive pull (read only, {f['when'][11:16]})", [("pull", pull_wall)]))
+            bars.append((f"Debezium PostgreSQL connector (read only, {f['when'][11:16]})", [("debezium", d["seconds"])]))
+            cpu.append((f"trailbound archive pull (read only, {f['when'][11:16]})",
                         [("processes", pull_cpu or 0.0), ("source server", pull_source or 0.0)]))
-            cpu.append(("Debezium PostgreSQL connector (read only)",
+            cpu.append((f"Debezium PostgreSQL connector (read only, {f['when'][11:16]})",
                         [("processes", d["cpu"]), ("source server", d["source_cpu"])]))
     figure, (left, right) = plt.subplots(1, 2, figsize=(16, 0.5 * max(len(bars), len(cpu)) + 2), dpi=100)
     for axes, rows, unit in ((left, bars, "seconds (wall)"), (right, cpu, "CPU-seconds")):
@@ -758,7 +759,7 @@ def plot(runs: list[dict], path: Path) -> None:
             axes.text(x, y, f" {x:.1f}", va="center", fontsize=8)
         axes.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
         axes.set_xlabel(unit)
-        axes.legend(loc="lower right", fontsize=8)
+        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the bars, never over one
         axes.grid(alpha=0.3, axis="x")
     first = runs[0]
     figure.suptitle(f"{first['changes']:,} row changes (pgbench), {first['cpus']} CPUs, {', '.join(sorted({f['when'][:10] for f in runs}))}",
