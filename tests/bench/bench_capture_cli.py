@@ -233,9 +233,11 @@ def report(rows: list[dict], args, server_start: float | None, load_before: floa
         lines.append(f"| {variant} | {plain:.1f} s | {capture:.1f} s | **{plain / capture:.2f}x** |")
     text = "\n".join(lines) + "\n"
     print(text)
-    head = "# Capture through the CLI against a plain PySpark read + sort + write\n\n"
-    old = RESULTS.read_text()[len(head):] if RESULTS.exists() else ""
-    RESULTS.write_text(head + text + ("\n" + old if old else ""))
+    # The newest run goes first, under the title and the page's introduction (everything
+    # before its first section).
+    page = RESULTS.read_text() if RESULTS.exists() else "# Capture through the CLI against a plain PySpark read + sort + write\n\n"
+    cut = page.find("\n## ") + 1 or len(page)
+    RESULTS.write_text(page[:cut] + text + "\n" + page[cut:])
 
 
 if __name__ == "__main__":
