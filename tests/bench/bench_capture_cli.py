@@ -30,8 +30,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 import threading

@@ -720,9 +720,10 @@ def plot(runs: list[dict], path: Path) -> None:
     bars: list[tuple[str, list[tuple[str, float]]]] = []   # (label, [(part, seconds)])
     cpu: list[tuple[str, list[tuple[str, float]]]] = []
     for f in runs:
+        at = f["when"][11:16]  # the run's time on each of its rows: two runs' rows are told apart
         how = ("stages at once (replicate)" if f["mode"] == "overlap" else "stages one after another"
                if f["mode"] == "separate" else "pull inside capture") + (", Connect" if f["remote"] else ", Spark local") \
-            + f" ({f['when'][11:16]})"  # the run's time, as native's beside it: two runs' rows are told apart
+            + f" ({at})"
         if f["mode"] == "overlap":
             bars.append((f"trailbound: {how}", [("replicate", f["pipeline"])]))
         else:
@@ -732,19 +733,19 @@ def plot(runs: list[dict], path: Path) -> None:
             ("source server", sum(s["source_cpu"] for s in f["steps"])),
             ("target and metadata sessions", sum(f["sessions"].values()))]))
         if "native" in f:  # (a run stopped after its pipeline has none)
-            bars.append((f"native logical replication ({f['when'][11:16]})", [("native", f["native"]["wall"])]))
-            cpu.append((f"native logical replication ({f['when'][11:16]})", [
+            bars.append((f"native logical replication ({at})", [("native", f["native"]["wall"])]))
+            cpu.append((f"native logical replication ({at})", [
                 ("apply worker", f["native"]["apply_cpu"]), ("source server", f["native"]["source_cpu"])]))
         if f["remote"]:
             bars.append(("Spark Connect server's start (once, a service)", [("connect", f["connect start"]["wall"])]))
         if "debezium" in f:
             pull_wall, pull_cpu, pull_source = pull_figures(f)
             d = f["debezium"]
-            bars.append((f"trailbound archive pull (read only, {f['when'][11:16]})", [("pull", pull_wall)]))
-            bars.append((f"Debezium PostgreSQL connector (read only, {f['when'][11:16]})", [("debezium", d["seconds"])]))
-            cpu.append((f"trailbound archive pull (read only, {f['when'][11:16]})",
+            bars.append((f"trailbound archive pull (read only, {at})", [("pull", pull_wall)]))
+            bars.append((f"Debezium PostgreSQL connector (read only, {at})", [("debezium", d["seconds"])]))
+            cpu.append((f"trailbound archive pull (read only, {at})",
                         [("processes", pull_cpu or 0.0), ("source server", pull_source or 0.0)]))
-            cpu.append((f"Debezium PostgreSQL connector (read only, {f['when'][11:16]})",
+            cpu.append((f"Debezium PostgreSQL connector (read only, {at})",
                         [("processes", d["cpu"]), ("source server", d["source_cpu"])]))
     figure, (left, right) = plt.subplots(1, 2, figsize=(16, 0.5 * max(len(bars), len(cpu)) + 2), dpi=100)
     for axes, rows, unit in ((left, bars, "seconds (wall)"), (right, cpu, "CPU-seconds")):
