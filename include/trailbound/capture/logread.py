@@ -152,6 +152,11 @@ class LogRead:
         inputs += [_Input(str(path), 0, 0, 1, True) for path in restored_files]
         self._inputs = inputs
 
+    @property
+    def inputs(self) -> list[_Input]:
+        """The files the run reads (restored objects last), in log order per thread."""
+        return list(self._inputs)
+
     def summaries(self, tables: list[str], read_scn: Scn | None) -> DataFrame:
         """Per (thread, txid, xid, restored), possibly several rows (one per part a task reads): SUMMARIES."""
         below = read_scn.value if read_scn is not None else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,7 +28,7 @@ from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon
 from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
-from trailbound.capture import recovery, trailwrite
+from trailbound.capture import inorder, recovery, trailwrite
 from trailbound.capture.assemble import OPEN, SKIP, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.capture.logread import LogRead, ReadWindow
@@ -38,6 +39,7 @@ from trailbound.ggsci import utc
 from trailbound.grouplock import GroupLock
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Csn, LogPosition, Scn, TrailPosition
+from trailbound.spark import run_tasks
 from trailbound.tables import table_spec
 from trailbound.trail import format as trails
 
@@ -78,6 +80,7 @@ class RunResult:
     recovery: str = ""
     restart: str = ""
     br_checkpoint: bool = False
+    assembly: str = ""  # how the records became the trail: in commit order (one pass), or grouped, and why
 
     def describe(self) -> str:
         if self.note:
@@ -162,7 +165,10 @@ def _directive_targets(state: ckpt.ExtractState, kind: str) -> list[tuple[ckpt.D
 
 
 def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None,
-                brreset: bool = False) -> RunResult:
+                brreset: bool = False, in_commit_order: bool = True) -> RunResult:
+    """One capture run of `group` up to the archive's horizon (or what was archived by
+    `until`). `in_commit_order=False` always groups the records by transaction (see
+    capture.inorder; tests and benchmarks compare the two paths)."""
     name = config.extract_name(group)
     extract = config.extract(name)
     with group_lock(store, name):
@@ -188,7 +194,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
                       _read_window(restart, horizon_scn, plan))
         run = _Run(state=state, extract=extract, plan=plan, restart=restart, brreset=brreset, log=log,
                    segments=segments, horizon=horizon, until=until, log_bsn=log_bsn, started_at=started_at,
-                   watch=watch)
+                   watch=watch, assembly_note="" if in_commit_order else "one pass turned off")
         return _assemble_and_commit(spark, store, config, run)
 
 
@@ -210,6 +216,7 @@ class _Run:
     log_bsn: Scn
     started_at: datetime
     watch: Stopwatch
+    assembly_note: str = ""  # why the log was not written in one pass (capture.inorder)
 
 
 @dataclass
@@ -245,28 +252,34 @@ class _Outcome:
         return cls(bool(rows["broken"]), trailwrite.planned_files(rows["file"]), rows["open"], rows["read"])
 
 
-def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:
-    state, extract, log, segments, plan, watch = run.state, run.extract, run.log, run.segments, run.plan, run.watch
-    log_bsn = run.log_bsn
-    horizon_scn = run.horizon.scn
-    read_time = run.horizon.time
-    skip_targets = _directive_targets(state, "skiptrans")
-    force_targets = _directive_targets(state, "forcetrans")
-    decisions = Decisions(read_scn=state.read_scn, begin_scn=state.begin_scn, last_written=state.write.last_csn,
-                          skips=[(t.thread, t.xid, t.skip_reason) for t in state.open if t.skip_reason]
-                          + [(thread, d.xid, "skiptrans") for d, thread in skip_targets],
-                          forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
-                          horizon_scn=horizon_scn, read_time=read_time)
-    assembly = assemble(spark, log, decisions, extract.table, log_bsn)
+@dataclass
+class _Trail:
+    """What writing a run's trail leaves for its commit: the files and their operations per
+    table, the transactions written, the transactions still open, what was read per thread,
+    which carried skips were seen again, and how the records were assembled."""
+
+    files: list[trails.TrailFileInfo]
+    counts: runcounts.TableCounts
+    transactions: int
+    open_rows: list
+    log_reads: list
+    seen: set
+    assembly: str
+
+
+def _assemble_and_write(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions) -> _Trail:
+    """The general path: records grouped by transaction (capture.assemble), the trail
+    planned and written by Spark tasks (capture.trailwrite)."""
+    state, extract, watch = run.state, run.extract, run.watch
+    assembly = assemble(spark, run.log, decisions, extract.table, run.log_bsn)
     # On a Spark Connect server the cache outlives the session: a run that fails must
     # still give back what it cached (one killed leaves it until the server restarts).
     try:
-        txns = assembly.transactions
         outcome = _Outcome.collect(assembly, int(extract.megabytes * 1024 * 1024))
         watch.lap("read and group transactions, plan trail files (Spark)")
         if outcome.broken:
             bad = assembly.violations().orderBy("thread", "sequence", "rba").limit(1).collect()[0]
-            path = next((s.path for s in segments if s.path.name == bad["file"]), bad["file"])
+            path = next((s.path for s in run.segments if s.path.name == bad["file"]), bad["file"])
             raise ArchiveError(path, bad["message"], rba=bad["rba"])
 
         prefix = state.exttrail
@@ -282,114 +295,180 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
             crashpoint("before_new_version_write")
         trail = assembly.trail(trailwrite.file_number(expected)) if expected else None
         files, counts = trailwrite.write_files(spark, trail, expected, prefix, state.write.position.seqno + 1,
-                                               group=state.group, log_bsn=log_bsn, layouts=layouts, versions=versions)
+                                               group=state.group, log_bsn=run.log_bsn, layouts=layouts,
+                                               versions=versions)
         watch.lap("write trail files (Spark tasks)")
         if new_version:
             crashpoint("after_new_version_write")
         crashpoint("after_trail_write")
 
+        # Carried skips seen again this run. (No join without skips: Spark answers a join
+        # with an empty side at once but leaves the other side's stage running, a second of
+        # both cores at 1M records.)
+        seen = {(row["thread"], row["txid"]) for row in assembly.transactions.join(
+            F.broadcast(spark.createDataFrame(decisions.skips, "thread int, txid string, reason string")),
+            ["thread", "txid"])
+            .select("thread", "txid").collect()} if decisions.skips else set()
         # Transactions written: those that reached the trail, i.e. with a record of a captured
         # table. A committed transaction that touched only other tables is read but writes
         # nothing; counting it made "wrote N transactions" exceed what pump and replicat count
         # on the same trail (issue 41).
-        written_transactions = sum(plan["transactions"] for plan in expected.values())
-        open_rows, per_thread = outcome.open_rows, outcome.log_reads
-
-        # Open transactions now: carried skips with no record in this run, then all seen. (No
-        # join without skips: Spark answers a join with an empty side at once but leaves the
-        # other side's stage running, a second of both cores at 1M records.)
-        seen = {(row["thread"], row["txid"]) for row in txns.join(
-            F.broadcast(spark.createDataFrame(decisions.skips, "thread int, txid string, reason string")),
-            ["thread", "txid"])
-            .select("thread", "txid").collect()} if decisions.skips else set()
-        carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
-        previous = {(t.thread, t.xid): t for t in state.open}
-        still_persisted = {(t.thread, t.xid): t.persisted for t in plan.restored}
-        forced_csn = {}
-        state.open = carried
-        for row in open_rows:
-            key = (row["thread"], row["txid"])
-            reason = row["skip_reason"]
-            if row["forced"]:
-                forced_csn[key] = Csn.forced(horizon_scn, row["end"]["rba"])
-                reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
-            start = _read_checkpoint(row["thread"], row["start"])
-            if key in previous and previous[key].start.position < start.position:
-                start = previous[key].start  # a skipped transaction re-read only in part keeps its start
-            state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
-                                                   reason, None if reason else still_persisted.get(key)))
-
-        # A read checkpoint's redo file is its own sequence's (for a recovery checkpoint, a
-        # transaction's start, usually not the current file).
-        redo_files = {(g.thread, g.sequence): g.path.name for g in segments}
-        for row in per_thread:
-            thread, last, first = row["thread"], row["last"], row["first"]
-            state.read["current"][thread] = _read_checkpoint(thread, last, redo_files[(thread, last["sequence"])])
-            state.read["startup"].setdefault(thread, _read_checkpoint(thread, first,
-                                                                      redo_files[(thread, first["sequence"])]))
-        for thread, current in state.read["current"].items():
-            starts = [t.start for t in state.open
-                      if t.thread == thread and t.skip_reason is None and t.persisted is None]
-            oldest = min(starts, key=lambda s: s.position) if starts else current
-            state.read["recovery"][thread] = dataclasses.replace(
-                oldest, segment=oldest.segment or redo_files.get((thread, oldest.position.sequence)))
-
-        warnings = []
-        if plan.reason:
-            warnings.append({"kind": "br_fallback", "detail": {"reason": plan.reason, "recovery": "normal"}})
-            failure = "missing" in plan.reason or "corrupt" in plan.reason
-            if failure and extract.br.broffonfailure:
-                state.br_suspended = plan.reason
-        if run.brreset:
-            state.br_suspended = None
-        warnings += _long_transaction_warnings(state, extract, read_time)
-        br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, log, horizon_scn, read_time)
-        watch.lap("bounded recovery")
-        crashpoint("after_br_persist")
-
-        if files:
-            state.write = ckpt.WriteCheckpoint(TrailPosition(files[-1].seqno, files[-1].records), files[-1].last_csn)
-        read_from = state.read_scn
-        state.read_scn, state.read_time = horizon_scn, read_time
-        state.table_spec = table_spec(extract.table)
-        records_read = sum(row["n"] for row in per_thread)
-        records_written = sum(f.records for f in files)
-        done = [(d.directive_id, "applied: brreset, normal recovery this run") for d in state.directives
-                if d.kind == "brreset"]
-        done += [(d.directive_id, f"applied: transaction {d.xid} skipped; it never reaches the trail")
-                 for d, _ in skip_targets]
-        done += [(d.directive_id, f"applied: transaction {d.xid} written at CSN {forced_csn[(thread, d.xid)]}"
-                  if (thread, d.xid) in forced_csn
-                  else f"transaction {d.xid} had ended on its own before it was forced")
-                 for d, thread in force_targets]
-        with store.transaction() as cur:
-            checkpoint_id = None
-            if br_checkpoint is not None:
-                checkpoint_id = ckpt.insert_br_checkpoint(cur, state.group, **br_checkpoint)
-                state.br_checkpoint = ckpt.BrCheckpoint(checkpoint_id, **br_checkpoint)
-            required = recovery.required_scn(state, recovery.committed_plan(state))
-            ckpt.commit_run(cur, state, files, required, {
-                "started_at": run.started_at, "until": run.until, "read_from_scn": read_from,
-                "horizon_scn": horizon_scn,
-                "records_read": records_read, "transactions": written_transactions, "records_written": records_written,
-                "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
-                "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
-                "br_checkpoint_id": checkpoint_id}, warnings, done)
-            runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
-                             counts)
-        watch.lap("checkpoints")
-        crashpoint("after_checkpoint_commit")
-        if not extract.br.brkeepstalefiles:
-            bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
-                                       {t.persisted.file for t in state.open if t.persisted})
-        return RunResult(state.group, horizon_scn, records_read, written_transactions, records_written, files,
-                         len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
-                         br_checkpoint=br_checkpoint is not None)
+        return _Trail(files, counts, sum(plan["transactions"] for plan in expected.values()), outcome.open_rows,
+                      outcome.log_reads, seen, "grouped by transaction")
     finally:
         for frame in assembly.cached:
             # Best effort: a server gone (the run's own error) must not be hidden by this.
             with contextlib.suppress(Exception):
                 frame.unpersist()
+
+
+def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
+                           directives: list) -> _Trail | None:
+    """The trail of a log already in commit order, written in one pass by one task
+    (capture.inorder), or None (nothing written) when the log is not in that shape:
+    `run.assembly_note` then says why."""
+    state, extract, plan = run.state, run.extract, run.plan
+    if run.assembly_note:
+        return None
+    reason = inorder.reason_not_to(run.segments, plan.restored, run.log.window, state.open, directives)
+    if reason is not None:
+        run.assembly_note = reason
+        return None
+    prefix = state.exttrail
+    _remove_uncommitted_files(store, prefix, state.write.position.seqno)
+    crashpoint("before_trail_write")
+    layouts, versions = _copy_line_layouts(config, extract)
+    first_seqno = state.write.position.seqno + 1
+    last = decisions.last_written
+    task = inorder.Task(
+        inputs=run.log.inputs, window=run.log.window, tables=list(extract.table), read_scn=None
+        if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
+        last_written=None if last is None else last.key(), prefix=str(prefix), first_seqno=first_seqno,
+        max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
+        layouts=layouts, versions=versions, claim=trails.claim(prefix))
+    try:
+        [written] = run_tasks(spark, inorder.write, [task])
+    finally:
+        crashpoint("mid_trail_write")
+    if written.reason is not None:
+        run.assembly_note = written.reason
+        return None
+    expected = {row["file_no"]: {"records": row["records"], "transactions": row["transactions"],
+                                 "first_csn": Csn.parse(row["first_csn"]), "last_csn": Csn.parse(row["last_csn"])}
+                for row in written.files}
+    files = trailwrite.verify(written.files, expected, first_seqno, run.log_bsn, spark)
+    if _writes_a_new_version(versions, state.write.last_csn, expected):
+        crashpoint("before_new_version_write")  # written in the one task: both points stand after it
+        crashpoint("after_new_version_write")
+    crashpoint("after_trail_write")
+    run.watch.lap("read the log, write trail files in commit order (one Spark task)")
+    counts = runcounts.TableCounts()
+    for row in written.files:
+        counts.add_rows(json.loads(row["op_counts"]))
+    return _Trail(files, counts, sum(row["transactions"] for row in written.files), [],
+                  [written.read] if written.read else [], set(), "in commit order (one pass)")
+
+
+def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:
+    state, extract, log, segments, plan, watch = run.state, run.extract, run.log, run.segments, run.plan, run.watch
+    horizon_scn = run.horizon.scn
+    read_time = run.horizon.time
+    skip_targets = _directive_targets(state, "skiptrans")
+    force_targets = _directive_targets(state, "forcetrans")
+    decisions = Decisions(read_scn=state.read_scn, begin_scn=state.begin_scn, last_written=state.write.last_csn,
+                          skips=[(t.thread, t.xid, t.skip_reason) for t in state.open if t.skip_reason]
+                          + [(thread, d.xid, "skiptrans") for d, thread in skip_targets],
+                          forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
+                          horizon_scn=horizon_scn, read_time=read_time)
+    trail = _write_in_commit_order(spark, store, config, run, decisions, skip_targets + force_targets)
+    if trail is None:
+        trail = _assemble_and_write(spark, store, config, run, decisions)
+    files, counts, open_rows, per_thread, seen = trail.files, trail.counts, trail.open_rows, trail.log_reads, trail.seen
+    written_transactions = trail.transactions
+    carried = [t for t in state.open if t.skip_reason and (t.thread, t.xid) not in seen]
+    previous = {(t.thread, t.xid): t for t in state.open}
+    still_persisted = {(t.thread, t.xid): t.persisted for t in plan.restored}
+    forced_csn = {}
+    state.open = carried
+    for row in open_rows:
+        key = (row["thread"], row["txid"])
+        reason = row["skip_reason"]
+        if row["forced"]:
+            forced_csn[key] = Csn.forced(horizon_scn, row["end"]["rba"])
+            reason = f"forcetrans: written as committed at CSN {forced_csn[key]}"
+        start = _read_checkpoint(row["thread"], row["start"])
+        if key in previous and previous[key].start.position < start.position:
+            start = previous[key].start  # a skipped transaction re-read only in part keeps its start
+        state.open.append(ckpt.OpenTransaction(row["txid"], row["thread"], start, row["records"], row["bytes"] or 0,
+                                               reason, None if reason else still_persisted.get(key)))
+
+    # A read checkpoint's redo file is its own sequence's (for a recovery checkpoint, a
+    # transaction's start, usually not the current file).
+    redo_files = {(g.thread, g.sequence): g.path.name for g in segments}
+    for row in per_thread:
+        thread, last, first = row["thread"], row["last"], row["first"]
+        state.read["current"][thread] = _read_checkpoint(thread, last, redo_files[(thread, last["sequence"])])
+        state.read["startup"].setdefault(thread, _read_checkpoint(thread, first,
+                                                                  redo_files[(thread, first["sequence"])]))
+    for thread, current in state.read["current"].items():
+        starts = [t.start for t in state.open
+                  if t.thread == thread and t.skip_reason is None and t.persisted is None]
+        oldest = min(starts, key=lambda s: s.position) if starts else current
+        state.read["recovery"][thread] = dataclasses.replace(
+            oldest, segment=oldest.segment or redo_files.get((thread, oldest.position.sequence)))
+
+    warnings = []
+    if plan.reason:
+        warnings.append({"kind": "br_fallback", "detail": {"reason": plan.reason, "recovery": "normal"}})
+        failure = "missing" in plan.reason or "corrupt" in plan.reason
+        if failure and extract.br.broffonfailure:
+            state.br_suspended = plan.reason
+    if run.brreset:
+        state.br_suspended = None
+    warnings += _long_transaction_warnings(state, extract, read_time)
+    br_checkpoint = _bounded_recovery_checkpoint(spark, config, extract, state, log, horizon_scn, read_time)
+    watch.lap("bounded recovery")
+    crashpoint("after_br_persist")
+
+    if files:
+        state.write = ckpt.WriteCheckpoint(TrailPosition(files[-1].seqno, files[-1].records), files[-1].last_csn)
+    read_from = state.read_scn
+    state.read_scn, state.read_time = horizon_scn, read_time
+    state.table_spec = table_spec(extract.table)
+    records_read = sum(row["n"] for row in per_thread)
+    records_written = sum(f.records for f in files)
+    done = [(d.directive_id, "applied: brreset, normal recovery this run") for d in state.directives
+            if d.kind == "brreset"]
+    done += [(d.directive_id, f"applied: transaction {d.xid} skipped; it never reaches the trail")
+             for d, _ in skip_targets]
+    done += [(d.directive_id, f"applied: transaction {d.xid} written at CSN {forced_csn[(thread, d.xid)]}"
+              if (thread, d.xid) in forced_csn
+              else f"transaction {d.xid} had ended on its own before it was forced")
+             for d, thread in force_targets]
+    with store.transaction() as cur:
+        checkpoint_id = None
+        if br_checkpoint is not None:
+            checkpoint_id = ckpt.insert_br_checkpoint(cur, state.group, **br_checkpoint)
+            state.br_checkpoint = ckpt.BrCheckpoint(checkpoint_id, **br_checkpoint)
+        required = recovery.required_scn(state, recovery.committed_plan(state))
+        ckpt.commit_run(cur, state, files, required, {
+            "started_at": run.started_at, "until": run.until, "read_from_scn": read_from,
+            "horizon_scn": horizon_scn,
+            "records_read": records_read, "transactions": written_transactions, "records_written": records_written,
+            "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
+            "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
+            "br_checkpoint_id": checkpoint_id}, warnings, done)
+        runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
+                         counts)
+    watch.lap("checkpoints")
+    crashpoint("after_checkpoint_commit")
+    if not extract.br.brkeepstalefiles:
+        bounded.remove_stale_files(bounded.group_directory(config.path(extract.br.brdir), state.group),
+                                   {t.persisted.file for t in state.open if t.persisted})
+    return RunResult(state.group, horizon_scn, records_read, written_transactions, records_written, files,
+                     len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
+                     br_checkpoint=br_checkpoint is not None,
+                     assembly=trail.assembly + (f": {run.assembly_note}" if run.assembly_note else ""))
 
 
 def _long_transaction_warnings(state: ckpt.ExtractState, extract, read_time) -> list[dict]:

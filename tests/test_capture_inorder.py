@@ -1,0 +1,88 @@
+"""A log already in commit order (what a logical replication slot gives: one thread, each
+transaction's records together, ending with its COMMIT) is written in one pass
+(capture.inorder): the same trail, checkpoints and counts as the general path that groups
+records by transaction, and that path still takes every log that is not in that shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from capture_kit import committed_trail, ins, load_config, new_archive, rec, state
+from trailbound.capture.run import run_extract
+from trailbound.metadata import MetadataStore
+from trailbound.trail import format as trail
+
+pytestmark = [pytest.mark.spark, pytest.mark.pg]
+
+ONE_PASS = "in commit order (one pass)"
+
+
+def _segments(step: int) -> list[tuple[list[dict], int]]:
+    """The log of one thread, segment by segment, for each run (`step`)."""
+    if step == 0:
+        return [
+            ([rec(1, "T1", "BEGIN"), ins(2, "T1", 1), ins(3, "T1", 2), rec(4, "T1", "COMMIT"),
+              rec(5, "T2", "BEGIN"), ins(6, "T2", 3), rec(7, "T2", "ROLLBACK"),       # rolled back: no trace
+              ins(8, "T3", 4, table="hr.salaries"), rec(9, "T3", "COMMIT"),            # not captured: read only
+              ins(10, "T4", 5), ins(11, "T4", 6)], 20),                                # T4 goes on in the next
+            ([ins(21, "T4", 7), rec(22, "T4", "COMMIT"),
+              rec(23, "T5", "UPDATE", "shop.orders", key=1), rec(24, "T5", "DELETE", "shop.orders", key=2),
+              rec(25, "T5", "COMMIT")], 30)]
+    if step == 1:  # enough small transactions for several files
+        records = []
+        for n in range(12):
+            scn = 100 + 10 * n
+            records += [ins(scn + 1, f"U{n}", 100 + n), rec(scn + 2, f"U{n}", "UPDATE", "shop.orders", key=100 + n),
+                        rec(scn + 3, f"U{n}", "COMMIT")]
+        return [(records, 300)]
+    if step == 2:  # two transactions interleave: the general path's work
+        return [([ins(301, "V1", 200), ins(302, "V2", 201), rec(303, "V1", "COMMIT"), rec(304, "V2", "COMMIT")], 400)]
+    if step == 3:  # a subtransaction rolled back to its savepoint: grouped too
+        return [([ins(401, "S1", 250), ins(402, "S1.1", 251, parent_xid="S1"),
+                  rec(403, "S1.1", "ROLLBACK", parent_xid="S1"), rec(404, "S1", "COMMIT")], 450)]
+    # one left open at the horizon: grouped, and grouped again while it is open
+    return [([ins(451, "W1", 300), rec(452, "W1", "COMMIT"), ins(453, "W2", 301)], 500)]
+
+
+def _trail_bytes(config) -> dict[str, bytes]:
+    prefix = config.path(config.extract("EXT1").exttrail)
+    return {path.name: path.read_bytes() for path in trail.existing_files(prefix)}
+
+
+def _checkpoints(store) -> tuple:
+    s = state(store)
+    return (s.write.position, s.write.last_csn, s.read_scn, {t: str(c.position) for t, c in s.read["current"].items()},
+            {t: str(c.position) for t, c in s.read["recovery"].items()}, [(t.xid, t.records) for t in s.open])
+
+
+def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_trail(
+        tmp_path, spark, store, new_metadata_database):
+    one, grouped = tmp_path / "one", tmp_path / "grouped"
+    archives = {one: new_archive(one), grouped: new_archive(grouped)}
+    configs = {d: load_config(d, megabytes=0.0005) for d in archives}
+    with MetadataStore.open(new_metadata_database()) as grouped_store:
+        stores = {one: store, grouped: grouped_store}
+        paths = []
+        for step in range(5):
+            for directory, archive in archives.items():
+                for records, next_scn in _segments(step):
+                    archive.segment(1, records, next_scn)
+            results = {d: run_extract(spark, stores[d], configs[d], "EXT1", in_commit_order=d == one)
+                       for d in archives}
+            paths.append(results[one].assembly)
+            assert results[grouped].assembly == "grouped by transaction: one pass turned off"
+            fields = ("records_read", "transactions_written", "records_written", "open_transactions")
+            assert [getattr(results[one], f) for f in fields] == [getattr(results[grouped], f) for f in fields], step
+            assert _checkpoints(store) == _checkpoints(grouped_store), step
+            assert _trail_bytes(configs[one]) == _trail_bytes(configs[grouped]), step
+        assert paths[:2] == [ONE_PASS, ONE_PASS]
+        assert paths[2].startswith("grouped by transaction: transactions interleave at sequence 4 rba 1")
+        assert paths[3].startswith("grouped by transaction: a subtransaction (parent_xid) at sequence 5 rba 1")
+        assert paths[4].startswith("grouped by transaction: transaction W2 open at the horizon")
+
+        trail_records = committed_trail(store, configs[one])
+        assert len(_trail_bytes(configs[one])) > 4  # rolled over
+        written = [r["xid"] for r in trail_records if r["trans_ind"] in (trail.BEGIN, trail.WHOLE)]
+        assert written == ["T1", "T4", "T5"] + [f"U{n}" for n in range(12)] + ["V1", "V2", "S1", "W1"]
+        assert [r["src_rba"] for r in trail_records if r["xid"] == "T4"] == [9, 10, 0]
+        assert results[one].open_transactions == 1 and state(store).open[0].xid == "W2"
