@@ -103,9 +103,10 @@ class ConnectServer:
         env["PYSPARK_PYTHON"] = env.get("PYSPARK_PYTHON") or sys.executable
         return workers_import_trailbound(env)
 
-    def start(self, master: str | None = None, timeout: float = 180.0, *, port: int | None = None) -> "ConnectServer":
+    def start(self, master: str | None = None, timeout: float = 180.0, *, port: int | None = None,
+              warm: bool = True) -> "ConnectServer":
         """Starts the server (unless it runs), on `port` (a restart keeps the address its
-        clients know) or a free one."""
+        clients know) or a free one, and warms it (`warm_up`)."""
         if self.is_running():
             return self
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -130,7 +131,23 @@ class ConnectServer:
                 raise RuntimeError(f"the Spark Connect server did not listen on {self.url} within {timeout:.0f} s; "
                                    f"see {self.log_file}")
             time.sleep(0.25)
+        if warm:
+            self.warm_up()
         return self
+
+    def warm_up(self) -> None:
+        """One small job from a client of its own, so that the first run does not pay the
+        server's first job: the Python worker daemon's start, the engine's imports in a
+        worker per core, the JVM's first compilations. A capture's first job on a server
+        just started took 9.5 s more than on one that had run anything
+        (docs/benchmarks/live-postgres.md); a service is ready when it is warm."""
+        from trailbound.spark import connect_session, parallelism, run_tasks
+
+        spark = connect_session(self.url)
+        try:
+            run_tasks(spark, _import_the_engine, list(range(parallelism(spark))))
+        finally:
+            spark.stop()
 
     def stop(self, timeout: float = 30.0) -> None:
         pid = self._pid()
@@ -151,6 +168,18 @@ class ConnectServer:
         if self._pid() is not None:
             os.killpg(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
+
+
+def _import_the_engine(_) -> None:
+    """What every run's tasks import first (run in the server's Python workers)."""
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.json  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    import trailbound.archive.segments  # noqa: F401
+    import trailbound.capture.inorder  # noqa: F401
+    import trailbound.capture.logread  # noqa: F401
+    import trailbound.trail.format  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
