@@ -196,6 +196,23 @@ def test_a_subtransaction_record_after_the_top_level_commit(catalog, archive, sp
     scan_fails(catalog, archive, spark, "arch_1_000000003.parquet", 3, "subtransaction S3 after its transaction T3 ended")
 
 
+def test_a_record_after_commit_several_segments_later_in_one_scan(catalog, tmp_path, spark):
+    # One thread's new segments are checked in runs, a task per core: the runs are then
+    # checked against each other (T2 ends in the first run, a record of it is in the last).
+    root = tmp_path / "single"
+    root.mkdir()
+    write_defs(root, DEFS)
+    segment(root, 1, [ins(100, "T1", 1), rec(101, "T1", "COMMIT"), ins(102, "T2", 2), rec(103, "T2", "COMMIT")], 100, 200)
+    for sequence in (2, 3):
+        scn = 100 * sequence
+        segment(root, sequence, [ins(scn, f"U{sequence}", sequence), rec(scn + 1, f"U{sequence}", "COMMIT"),
+                                 ins(scn + 2, f"V{sequence}", sequence), rec(scn + 3, f"V{sequence}", "COMMIT")],
+                scn, scn + 100)
+    segment(root, 4, [ins(400, "W", 7), ins(401, "T2", 8), rec(402, "W", "COMMIT"), rec(403, "T2", "COMMIT")], 400, 500)
+    scan_fails(catalog, root, spark, "arch_1_000000004.parquet", 1,
+               "record of transaction T2 after its COMMIT at sequence 1 rba 3")
+
+
 def test_a_record_after_commit_in_a_later_segment_is_found_by_verify(catalog, archive, spark):
     catalog.scan(archive, spark)
     segment(archive, 3, [ins(300, "T2", 9)], 300, 400)  # T2 committed in sequence 1

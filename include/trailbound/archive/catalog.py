@@ -21,7 +21,7 @@ from trailbound.archive.segments import Segment
 from trailbound.errors import ArchiveError
 from trailbound.metadata import MetadataStore
 from trailbound.positions import Scn
-from trailbound.spark import run_tasks
+from trailbound.spark import parallelism, run_tasks
 
 AVAILABLE, PURGED = "available", "purged"
 
@@ -276,20 +276,46 @@ class ArchiveCatalog:
 def check_segments(spark, segments: Sequence[Segment]) -> None:
     """Check new segments' files against their manifests and every record against the
     contract, raising the first ArchiveError in (thread, sequence, rba) order. Each file
-    is read once, in a Spark task per thread (segments.check_thread, vectorised); only
-    when that finds something, or for JSON Lines, does the Spark reader look at the
-    records to name the first bad one."""
+    is read once, in Spark tasks that each take a run of one thread's consecutive
+    segments (segments.check_run, vectorised; a thread's runs are then checked against
+    each other: segments.runs_pass), at least one per core; only when that finds
+    something, or for JSON Lines, does the Spark reader look at the records to name the
+    first bad one."""
     from trailbound.archive import reader
 
     threads: dict[int, list[Segment]] = {}
     for segment in sorted(segments, key=lambda s: (s.thread, s.sequence)):
         threads.setdefault(segment.thread, []).append(segment)
-    groups = list(threads.values())
-    results = run_tasks(spark, seg.check_thread, groups)
-    errors = [error for error, _ in results if error is not None]
+    runs = _runs(list(threads.values()), parallelism(spark))
+    results = run_tasks(spark, seg.check_run, runs)
+    errors = [result.error for result in results if result.error is not None]
     if errors:
         order = {str(s.path): (s.thread, s.sequence) for s in segments}
         path, message, rba = min(errors, key=lambda e: order.get(e[0], (0, 0)))
         raise ArchiveError(path, message, rba=rba)
-    if not all(passed for _, passed in results):
+    by_thread: dict[int, list] = {}
+    for run, result in zip(runs, results):
+        by_thread.setdefault(run[0].thread, []).append(result)
+    if not all(result.passed for result in results) or not all(map(seg.runs_pass, by_thread.values())):
         reader.check_records(spark, segments)
+
+
+def _runs(threads: list[list[Segment]], cores: int) -> list[list[Segment]]:
+    """Each thread's segments cut into runs of consecutive ones, about equal in records,
+    so that there are at least as many runs as cores (a single-thread source, such as a
+    PostgreSQL slot's, is checked on every core)."""
+    total = sum(s.records for segments in threads for s in segments) or 1
+    runs = []
+    for segments in threads:
+        share = sum(s.records for s in segments)
+        pieces = max(1, min(len(segments), round(cores * share / total)))
+        size = share / pieces
+        run, counted, cut = [], 0, 1
+        for segment in segments:
+            if run and counted >= size * cut:
+                runs.append(run)
+                run, cut = [], cut + 1
+            run.append(segment)
+            counted += segment.records
+        runs.append(run)
+    return runs

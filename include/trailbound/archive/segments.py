@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -164,9 +164,9 @@ def _parquet_file(segment: Segment, data: bytes) -> pq.ParquetFile:
     missing = [name for name in contract.RECORD_FIELDS if name not in schema.names and name != "parent_xid"]
     if missing:
         raise ArchiveError(segment.path, f"missing column(s) {', '.join(missing)}")
-    for field in schema:
-        if field.name in contract.RECORD_FIELDS and not _compatible(field):
-            raise ArchiveError(segment.path, f"column {field.name} has type {field.type}, not what the contract says")
+    for column in schema:
+        if column.name in contract.RECORD_FIELDS and not _compatible(column):
+            raise ArchiveError(segment.path, f"column {column.name} has type {column.type}, not what the contract says")
     return parquet
 
 
@@ -333,20 +333,37 @@ class _TransactionChecks:
         return not (self.subtransactions & self.parents)
 
 
-def check_thread(segments: list[Segment]) -> tuple[tuple[str, str, int | None] | None, bool]:
-    """One thread's new segments, in sequence order, each file read once: (the first
+@dataclass
+class RunCheck:
+    """What checking a run of one thread's consecutive segments found: the first
     file-level error as (path, message, rba), or None; whether every record passed the
-    vectorised checks). Runs in a Spark task; a JSON Lines segment is left to the reader.
-    The task holds one segment and what _TransactionChecks keeps, whatever the log's size."""
+    vectorised checks; and, for the checks across runs (`runs_pass`), the xids its records
+    name (as xid or parent_xid), the transactions that ended in it, its subtransactions
+    and the parents of those."""
+
+    error: tuple[str, str, int | None] | None
+    passed: bool
+    named: set = field(default_factory=set)
+    ended: set = field(default_factory=set)
+    subtransactions: set = field(default_factory=set)
+    parents: set = field(default_factory=set)
+
+
+def check_run(segments: list[Segment]) -> RunCheck:
+    """A run of one thread's new segments, in sequence order, each file read once. Runs in
+    a Spark task; a JSON Lines segment is left to the reader. The task holds one segment
+    and what _TransactionChecks keeps, whatever the log's size."""
     import numpy as np
+    import pyarrow.compute as pc
 
     passed = True
     checks = _TransactionChecks()
+    named: set = set()
     for segment in segments:
         try:
             _, parquet = read_verified(segment)
         except ArchiveError as exc:
-            return (exc.path, exc.message, exc.rba), passed
+            return RunCheck((exc.path, exc.message, exc.rba), passed)
         if parquet is None:
             passed = False
             continue
@@ -355,11 +372,29 @@ def check_thread(segments: list[Segment]) -> tuple[tuple[str, str, int | None] |
         table = parquet.read()
         if "parent_xid" not in table.column_names:
             table = table.append_column("parent_xid", pa.nulls(table.num_rows, pa.string()))
+        xid, parent, op = (table.column(name).cast(pa.string()).combine_chunks() for name in ("xid", "parent_xid", "op"))
         passed = _records_pass(segment, table) and checks.passes(
-            *(table.column(name).cast(pa.string()).combine_chunks() for name in ("xid", "parent_xid", "op")),
-            pa.array((segment.sequence << 32) + np.arange(table.num_rows, dtype=np.int64)))
+            xid, parent, op, pa.array((segment.sequence << 32) + np.arange(table.num_rows, dtype=np.int64)))
         del table
-    return None, passed
+        if passed:
+            named.update(pc.unique(pa.chunked_array([xid, parent]).drop_null()).to_pylist())
+    return RunCheck(None, passed, named, set(checks.ends), checks.subtransactions, checks.parents)
+
+
+def runs_pass(runs: list[RunCheck]) -> bool:
+    """Whether one thread's runs of segments (in log order, each passed on its own) pass
+    the checks across them: nothing of a transaction in a run after the one it ended in,
+    no parent_xid naming a subtransaction anywhere in the thread."""
+    ended: set = set()
+    subtransactions: set = set()
+    parents: set = set()
+    for run in runs:
+        if run.named & ended:
+            return False
+        ended |= run.ended
+        subtransactions |= run.subtransactions
+        parents |= run.parents
+    return not (subtransactions & parents)
 
 
 def check_sequence(segments: Iterable[Segment], known: dict[int, Segment] | None = None) -> None:

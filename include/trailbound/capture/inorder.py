@@ -287,20 +287,22 @@ def _file_numbers(ordinal: np.ndarray, row_bytes: np.ndarray, rollover: dict, ma
     """Each record's file number: trail.format.plan_rollover's cut (a file takes
     transactions until one brings it to `max_bytes` or more), made as the records come;
     `rollover` carries the current file, its bytes and transaction across parts."""
-    numbers = np.empty(len(ordinal), dtype=np.int64)
-    cuts = np.flatnonzero(np.diff(ordinal)) + 1
-    bounds = np.concatenate([[0], cuts, [len(ordinal)]])
-    sums = np.add.reduceat(row_bytes, bounds[:-1]) if len(ordinal) else []
-    for start, stop, size in zip(bounds[:-1], bounds[1:], sums):
-        transaction = int(ordinal[start])
-        if transaction != rollover["transaction"]:
-            if rollover["bytes"] >= max_bytes:
-                rollover["file"] += 1
-                rollover["bytes"] = 0
-            rollover["transaction"] = transaction
-            per_file.setdefault(rollover["file"], {"transactions": 0, "op_counts": []})["transactions"] += 1
-        numbers[start:stop] = rollover["file"]
-        rollover["bytes"] += int(size)
-    return numbers
-
-
+    if not len(ordinal):
+        return np.empty(0, dtype=np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(ordinal)) + 1])
+    sizes = np.add.reduceat(row_bytes, starts)
+    first = 0
+    if int(ordinal[0]) == rollover["transaction"]:  # the part goes on with the current transaction
+        rollover["bytes"] += int(sizes[0])
+        first = 1
+    # The current file so far as one transaction ahead of the part's new ones: plan_rollover
+    # then cuts them as it would have cut the whole run.
+    files = trails.plan_rollover(np.concatenate([[rollover["bytes"]], sizes[first:]]), max_bytes) + rollover["file"]
+    per_transaction = np.concatenate([[rollover["file"]] * first, files[1:]]).astype(np.int64)
+    for number, count in zip(*np.unique(files[1:], return_counts=True)):
+        per_file.setdefault(int(number), {"transactions": 0, "op_counts": []})["transactions"] += int(count)
+    last = int(files[-1])
+    rollover["file"] = last
+    rollover["bytes"] = int(np.concatenate([[rollover["bytes"]], sizes[first:]])[files == last].sum())
+    rollover["transaction"] = int(ordinal[-1])
+    return np.repeat(per_transaction, np.diff(np.concatenate([starts, [len(ordinal)]])))
