@@ -40,8 +40,15 @@ def _segments(step: int) -> list[tuple[list[dict], int]]:
     if step == 3:  # a subtransaction rolled back to its savepoint: grouped too
         return [([ins(401, "S1", 250), ins(402, "S1.1", 251, parent_xid="S1"),
                   rec(403, "S1.1", "ROLLBACK", parent_xid="S1"), rec(404, "S1", "COMMIT")], 450)]
-    # one left open at the horizon: grouped, and grouped again while it is open
-    return [([ins(451, "W1", 300), rec(452, "W1", "COMMIT"), ins(453, "W2", 301)], 500)]
+    if step == 4:  # one left open at the horizon (read again from its start by the next run)
+        return [([ins(451, "W1", 300), rec(452, "W1", "COMMIT"), ins(453, "W2", 301)], 500)]
+    if step == 5:  # W2 goes on and ends, after it another: in commit order again
+        return [([ins(501, "W2", 302), rec(502, "W2", "COMMIT"), ins(503, "W3", 303), rec(504, "W3", "COMMIT")], 550)]
+    if step == 6:
+        return [([ins(551, "W4", 304), ins(552, "W5", 305), rec(553, "W4", "COMMIT"), rec(554, "W5", "COMMIT")], 600)]
+    if step == 7:
+        return [([ins(601, "W6", 306), rec(602, "W6", "COMMIT"), ins(603, "W7", 307)], 650)]
+    return [([ins(651, "W7", 308), rec(652, "W7", "COMMIT")], 700)]
 
 
 def _trail_bytes(config) -> dict[str, bytes]:
@@ -52,7 +59,8 @@ def _trail_bytes(config) -> dict[str, bytes]:
 def _checkpoints(store) -> tuple:
     s = state(store)
     return (s.write.position, s.write.last_csn, s.read_scn, {t: str(c.position) for t, c in s.read["current"].items()},
-            {t: str(c.position) for t, c in s.read["recovery"].items()}, [(t.xid, t.records) for t in s.open])
+            {t: str(c.position) for t, c in s.read["recovery"].items()},
+            [(t.xid, t.records, t.bytes, str(t.start.position), t.start.scn) for t in s.open])
 
 
 def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_trail(
@@ -63,7 +71,7 @@ def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_tra
     with MetadataStore.open(new_metadata_database()) as grouped_store:
         stores = {one: store, grouped: grouped_store}
         paths = []
-        for step in range(5):
+        for step in range(9):
             for directory, archive in archives.items():
                 for records, next_scn in _segments(step):
                     archive.segment(1, records, next_scn)
@@ -78,11 +86,15 @@ def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_tra
         assert paths[:2] == [ONE_PASS, ONE_PASS]
         assert paths[2].startswith("grouped by transaction: transactions interleave at sequence 4 rba 1")
         assert paths[3].startswith("grouped by transaction: a subtransaction (parent_xid) at sequence 5 rba 1")
-        assert paths[4].startswith("grouped by transaction: transaction W2 open at the horizon")
+        assert paths[4] == ONE_PASS  # W2 left open, then read again from its start
+        assert paths[5] == ONE_PASS
+        assert paths[6].startswith("grouped by transaction: transactions interleave at sequence 8 rba 1")
+        assert paths[7:] == [ONE_PASS, ONE_PASS]  # W7 left open, then ended
 
         trail_records = committed_trail(store, configs[one])
         assert len(_trail_bytes(configs[one])) > 4  # rolled over
         written = [r["xid"] for r in trail_records if r["trans_ind"] in (trail.BEGIN, trail.WHOLE)]
-        assert written == ["T1", "T4", "T5"] + [f"U{n}" for n in range(12)] + ["V1", "V2", "S1", "W1"]
+        assert written == ["T1", "T4", "T5"] + [f"U{n}" for n in range(12)] + ["V1", "V2", "S1"] + [
+            f"W{n}" for n in range(1, 8)]
         assert [r["src_rba"] for r in trail_records if r["xid"] == "T4"] == [9, 10, 0]
-        assert results[one].open_transactions == 1 and state(store).open[0].xid == "W2"
+        assert results[one].open_transactions == 0 and state(store).open == []

@@ -13,11 +13,11 @@ positions), to check the shape and decide each transaction's fate; then every co
 write the trail files as the records come (trail.format.write_planned_files, the same
 files, rollover and checks as capture.trailwrite).
 
-The shape is checked, never assumed. This path is taken only when nothing of an earlier
-run is pending (no open, skipped, forced or persisted transaction) and the window's
-segments are Parquet files of one thread (`reason_not_to`), and then only if the first
-pass finds every transaction's records together, ended, without subtransactions, each
-xid used once. Otherwise nothing is written and the run goes through capture.assemble,
+The shape is checked, never assumed. This path is taken only when no transaction is
+skipped, forced or persisted (an open one is simply read again from its start, as every
+run does) and the window's segments are Parquet files of one thread (`reason_not_to`),
+and then only if the first pass finds every transaction's records together, ended but
+the last (which stays open), without subtransactions, each xid used once. Otherwise nothing is written and the run goes through capture.assemble,
 which writes the same trail (tests/test_capture_inorder.py compares them byte for byte)
 and names any record that breaks the contract.
 """
@@ -45,8 +45,8 @@ _END_OPS = pa.array(contract.END_OPS, pa.string())
 
 def reason_not_to(segments, restored_files, window: logread.ReadWindow, open_transactions, directives) -> str | None:
     """Why a run cannot be written in one pass whatever its records are, or None."""
-    if open_transactions:
-        return "transactions open (or skipped) from an earlier run"
+    if any(t.skip_reason or t.persisted for t in open_transactions):
+        return "transactions skipped or persisted by an earlier run"
     if restored_files or window.held:
         return "persisted transactions to restore"
     if directives:
@@ -82,11 +82,14 @@ class Task:
 class Written:
     """What the task did: `reason` (why it wrote nothing and the general path must run),
     else the files (dicts as capture.trailwrite's rows, with their transaction counts and
-    op counts) and what was read (capture.assemble's log_reads row for the thread, or None)."""
+    op counts), what was read (capture.assemble's log_reads row for the thread, or None)
+    and the transaction left open at the horizon (an open-transactions row as the general
+    path's, or None)."""
 
     reason: str | None
     files: list[dict]
     read: dict | None
+    open: dict | None = None
 
 
 def write(task: Task) -> Written:
@@ -101,7 +104,7 @@ def write(task: Task) -> Written:
         return Written(None, [], None)
     files = _second_pass(task, shape)
     pa.default_memory_pool().release_unused()  # the worker stays for the run's next tasks
-    return Written(None, files, shape.read)
+    return Written(None, files, shape.read, shape.open)
 
 
 @dataclass
@@ -119,6 +122,7 @@ class _Shape:
     written: np.ndarray
     thread: int
     read: dict
+    open: dict | None   # the transaction open at the horizon (its size is added by the second pass)
 
 
 def _narrow_parts(task: Task):
@@ -149,6 +153,7 @@ def _first_pass(task: Task) -> _Shape | str | None:
     ats, ordinals, kept_ordinals, starts, ends = [], [], [], [], []
     previous_xid, previous_ended, transactions = None, True, 0
     n = reread = 0
+    last_start = last_start_at = None  # the latest transaction's first record, and its index
     first = last = from_time = None
     thread = None
     for part in _narrow_parts(task):
@@ -173,6 +178,8 @@ def _first_pass(task: Task) -> _Shape | str | None:
         kept_ordinals.append(ordinal[captured(part).to_numpy(zero_copy_only=False)])
         if changed.any():
             starts.append(part["scn"].to_numpy()[changed])
+            row = int(np.flatnonzero(changed)[-1])
+            last_start, last_start_at = _record(part, row), n + row
         ends.append(part.filter(pa.array(ended)).select(["xid", "scn", "sequence", "rba", "ts", "op"]))
         previous_xid, previous_ended = xid[m - 1].as_py(), bool(ended[-1])
         thread = part["thread"][0].as_py()
@@ -186,16 +193,20 @@ def _first_pass(task: Task) -> _Shape | str | None:
         last = _record(part, m - 1)
     if not n:
         return None
+    open_row = None
     if not previous_ended:
-        return f"transaction {previous_xid} open at the horizon"
+        if last_start["scn"] < task.begin_scn:
+            return f"transaction {previous_xid} in flight at the begin point"
+        open_row = {"thread": thread, "txid": previous_xid, "start": last_start, "end": None,
+                    "records": n - last_start_at, "bytes": 0, "skip_reason": None, "forced": False}
     ends = pa.concat_tables(ends)
     if len(pc.unique(ends["xid"])) != len(ends):
         return "an xid used by more than one transaction"
     csn, sequence, rba = (ends[c].to_numpy() for c in ("scn", "sequence", "rba"))
     if np.any(np.diff(csn) < 0):
         return "commit SCNs out of log order"  # the trail's order would not be the log's
-    start_scn = np.concatenate(starts)
-    kept = np.bincount(np.concatenate(kept_ordinals), minlength=transactions)
+    start_scn = np.concatenate(starts)[:len(ends)]
+    kept = np.bincount(np.concatenate(kept_ordinals), minlength=transactions)[:len(ends)]
     written = (pc.equal(ends["op"], "COMMIT").to_numpy(zero_copy_only=False) & (start_scn >= task.begin_scn)
                & (kept > 0))
     if task.read_scn is not None:
@@ -203,8 +214,9 @@ def _first_pass(task: Task) -> _Shape | str | None:
     if task.last_written is not None:
         written &= ~_at_or_below([csn, np.full(len(csn), thread), sequence, rba], task.last_written)
     read = {"thread": thread, "n": n, "reread": reread, "from_time": from_time, "first": first, "last": last}
+    written = np.concatenate([written, np.zeros(transactions - len(ends), dtype=bool)])  # the open one, if any
     return _Shape(np.concatenate(ats), np.concatenate(ordinals), csn, sequence, rba, ends["ts"].combine_chunks(),
-                  written, thread, read)
+                  written, thread, read, open_row)
 
 
 def _at(part: pa.Table, row: int, what: str) -> str:
@@ -247,6 +259,10 @@ def _second_pass(task: Task, shape: _Shape) -> list[dict]:
                 raise RuntimeError("the second pass read other records than the first")  # files are immutable
             ordinal = shape.ordinal[offset:offset + m]
             offset += m
+            if shape.open is not None:  # its size as the general path counts it: the images' bytes
+                its = ordinal == len(shape.csn)
+                if its.any():
+                    shape.open["bytes"] += int((_octets(part["before"]) + _octets(part["after"]))[its].sum())
             keep = shape.written[ordinal] & captured(part).to_numpy(zero_copy_only=False)
             if not keep.any():
                 continue

@@ -365,8 +365,9 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     counts = runcounts.TableCounts()
     for row in written.files:
         counts.add_rows(json.loads(row["op_counts"]))
-    return _Trail(files, counts, sum(row["transactions"] for row in written.files), [],
-                  [written.read] if written.read else [], set(), "in commit order (one pass)")
+    return _Trail(files, counts, sum(row["transactions"] for row in written.files),
+                  [written.open] if written.open else [], [written.read] if written.read else [], set(),
+                  "in commit order (one pass)")
 
 
 def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:
