@@ -89,7 +89,8 @@ class RunResult:
         return (f"Extract {self.group}: {self.recovery} recovery, {self.restart}: read {self.records_read} records below scn "
                 f"{self.horizon_scn}, wrote {self.transactions_written} transactions ({self.records_written} records) "
                 f"to {files}; {self.open_transactions} transaction(s) open"
-                + ("; BR checkpoint taken" if self.br_checkpoint else ""))
+                + ("; BR checkpoint taken" if self.br_checkpoint else "")
+                + (f"; records {self.assembly}" if self.assembly else ""))
 
 
 def _utc(value: datetime | None) -> datetime | None:
