@@ -10,7 +10,7 @@ leaves the catalog exactly as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
@@ -151,6 +151,38 @@ class VerifyResult:
         return "\n".join(lines)
 
 
+@dataclass
+class PendingScan:
+    """New segments found and in sequence, their files and records not checked yet."""
+
+    catalog: "ArchiveCatalog"
+    known: list[CatalogEntry]
+    new: list[Segment]
+    restored: list[Segment]
+    done: bool = False
+
+    def entries(self) -> list[CatalogEntry]:
+        """The catalog as it will be once the new segments pass (they are AVAILABLE)."""
+        now = datetime.now(timezone.utc)
+        return self.known + [CatalogEntry(s, AVAILABLE, now) for s in self.new]
+
+    def runs(self, spark) -> list[list[Segment]]:
+        """The new segments cut into runs, a Spark task's each (segments.check_run)."""
+        return _check_runs(self.new, parallelism(spark))
+
+    def finish(self, spark, results: list | None = None) -> ScanResult:
+        """Check the new segments (or judge `results`, check_run's of `runs()`, computed
+        by the caller's tasks) and catalog them. Raises ArchiveError, cataloging nothing."""
+        if not self.done and self.new:
+            runs = self.runs(spark)
+            if results is None:
+                results = run_tasks(spark, seg.check_run, runs)
+            _judge(spark, self.new, runs, results)
+            self.catalog._insert(self.new)
+        self.done = True
+        return ScanResult(added=self.new, known=len(self.known), restored=self.restored)
+
+
 class ArchiveCatalog:
     """The catalog rows of one source."""
 
@@ -213,15 +245,18 @@ class ArchiveCatalog:
         and record them all in one transaction. Any violation raises ArchiveError and
         records nothing. Purged segments whose files were restored become available
         again first (`readmit`)."""
+        return self.begin_scan(archive_dir).finish(spark)
 
+    def begin_scan(self, archive_dir: Path) -> "PendingScan":
+        """A scan's first half, without Spark: restored segments readmitted, the new ones
+        found and their sequence checked. Their files and records are checked by
+        `PendingScan.finish` (or by tasks of a capture's own job: `PendingScan.runs` and
+        `finish(spark, results)`); until then they are not cataloged."""
         restored = self.readmit(archive_dir)
         entries, new = self._split(archive_dir)
         last_known = {thread: entries[(thread, sequence)].segment for thread, sequence in sorted(entries)}
         seg.check_sequence(new, last_known)
-        if new:
-            check_segments(spark, new)
-            self._insert(new)
-        return ScanResult(added=new, known=len(entries), restored=restored)
+        return PendingScan(self, list(entries.values()), new, restored)
 
     def verify(self, archive_dir: Path, spark) -> "VerifyResult":
         """Check everything again in `archive_dir` (the directory the configuration names),
@@ -281,13 +316,22 @@ def check_segments(spark, segments: Sequence[Segment]) -> None:
     each other: segments.runs_pass), at least one per core; only when that finds
     something, or for JSON Lines, does the Spark reader look at the records to name the
     first bad one."""
-    from trailbound.archive import reader
+    runs = _check_runs(segments, parallelism(spark))
+    _judge(spark, segments, runs, run_tasks(spark, seg.check_run, runs))
 
+
+def _check_runs(segments: Sequence[Segment], cores: int) -> list[list[Segment]]:
     threads: dict[int, list[Segment]] = {}
     for segment in sorted(segments, key=lambda s: (s.thread, s.sequence)):
         threads.setdefault(segment.thread, []).append(segment)
-    runs = _runs(list(threads.values()), parallelism(spark))
-    results = run_tasks(spark, seg.check_run, runs)
+    return _runs(list(threads.values()), cores)
+
+
+def _judge(spark, segments: Sequence[Segment], runs: list[list[Segment]], results: list) -> None:
+    """Raise the first error check_run's `results` (one per run) found, or the Spark
+    reader's naming of the first bad record when a vectorised check did not pass."""
+    from trailbound.archive import reader
+
     errors = [result.error for result in results if result.error is not None]
     if errors:
         order = {str(s.path): (s.thread, s.sequence) for s in segments}

@@ -107,6 +107,15 @@ def write(task: Task) -> Written:
     return Written(None, files, shape.read, shape.open)
 
 
+def check_or_write(item: tuple[str, object]):
+    """A task of a run's one job: ("check", segments) checks a run of new segments
+    (archive.segments.check_run), ("write", Task) writes the trail (`write`)."""
+    from trailbound.archive import segments
+
+    kind, what = item
+    return segments.check_run(what) if kind == "check" else write(what)
+
+
 @dataclass
 class _Shape:
     """The first pass's findings: per record of the window (in read order), its packed

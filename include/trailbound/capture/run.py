@@ -24,7 +24,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from trailbound import copytext, runcounts
-from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon
+from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon, PendingScan, compute_horizon
 from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
@@ -177,25 +177,34 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         watch = Stopwatch()
         source = config.source_name(extract.source)
         catalog = ArchiveCatalog(store, source)
-        catalog.scan(config.archive_dir(source), spark)
-        watch.lap("scan new segments")
+        # The new segments' checks can run in the one-pass write's job (capture.inorder):
+        # a group already added, reading in commit order, checks them there, and nothing
+        # is cataloged or committed unless they pass. Otherwise they are checked first.
+        scan = catalog.begin_scan(config.archive_dir(source))
+        with store.transaction() as cur:
+            known_group = ckpt.load(cur, name) is not None
+        if not (known_group and in_commit_order):
+            scan.finish(spark)
+            watch.lap("scan new segments")
         state = ensure_group(store, config, name)
         state.last_started = started_at
-        horizon = catalog.horizon(until)
+        entries = scan.entries()
+        horizon = compute_horizon([entry.segment for entry in entries], until)
         if horizon is None or (state.read_scn is not None and horizon.scn <= state.read_scn):
+            scan.finish(spark)
             return RunResult(name, horizon.scn if horizon else None,
                              note="nothing new below the horizon" + (f" archived by {utc(until)}" if until else ""))
         horizon_scn = horizon.scn
         brreset = brreset or recovery.brreset_pending(state)
         plan = recovery.plan(state, extract, brreset=brreset)
         restart = recovery.restart_point(state, plan)
-        segments = _segments_to_read(catalog.entries(), state, restart, horizon_scn)
+        segments = _segments_to_read(entries, state, restart, horizon_scn)
         log_bsn = recovery.normal_restart_scn(state)
         log = LogRead(spark, segments, [t.persisted.file for t in plan.restored],
                       _read_window(restart, horizon_scn, plan))
         run = _Run(state=state, extract=extract, plan=plan, restart=restart, brreset=brreset, log=log,
                    segments=segments, horizon=horizon, until=until, log_bsn=log_bsn, started_at=started_at,
-                   watch=watch, assembly_note="" if in_commit_order else "one pass turned off")
+                   watch=watch, scan=scan, assembly_note="" if in_commit_order else "one pass turned off")
         return _assemble_and_commit(spark, store, config, run)
 
 
@@ -217,6 +226,7 @@ class _Run:
     log_bsn: Scn
     started_at: datetime
     watch: Stopwatch
+    scan: PendingScan               # the new segments, cataloged once their checks pass
     assembly_note: str = ""  # why the log was not written in one pass (capture.inorder)
 
 
@@ -272,6 +282,7 @@ def _assemble_and_write(spark, store: MetadataStore, config: Config, run: _Run, 
     """The general path: records grouped by transaction (capture.assemble), the trail
     planned and written by Spark tasks (capture.trailwrite)."""
     state, extract, watch = run.state, run.extract, run.watch
+    run.scan.finish(spark)
     assembly = assemble(spark, run.log, decisions, extract.table, run.log_bsn)
     # On a Spark Connect server the cache outlives the session: a run that fails must
     # still give back what it cached (one killed leaves it until the server restarts).
@@ -347,10 +358,24 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         last_written=None if last is None else last.key(), prefix=str(prefix), first_seqno=first_seqno,
         max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
         layouts=layouts, versions=versions, claim=trails.claim(prefix))
+    # The new segments' checks (a task per run of segments) in the same job as the write.
+    checks = [] if run.scan.done else run.scan.runs(spark)
     try:
-        [written] = run_tasks(spark, inorder.write, [task])
+        *checked, written = run_tasks(spark, inorder.check_or_write, [("check", c) for c in checks] + [("write", task)])
+    except Exception:
+        # A write that failed on a segment that breaks the contract: the checks say which
+        # (ArchiveError naming the file and record); else the failure stands.
+        _remove_uncommitted_files(store, prefix, state.write.position.seqno)
+        run.scan.finish(spark)
+        raise
     finally:
         crashpoint("mid_trail_write")
+    try:
+        run.scan.finish(spark, checked if checks else None)
+    except Exception:
+        _remove_uncommitted_files(store, prefix, state.write.position.seqno)  # written from segments that failed
+        raise
+    run.watch.lap("check new segments, read the log, write trail files in commit order (one Spark job)")
     if written.reason is not None:
         run.assembly_note = written.reason
         return None
@@ -362,7 +387,6 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         crashpoint("before_new_version_write")  # written in the one task: both points stand after it
         crashpoint("after_new_version_write")
     crashpoint("after_trail_write")
-    run.watch.lap("read the log, write trail files in commit order (one Spark task)")
     counts = runcounts.TableCounts()
     for row in written.files:
         counts.add_rows(json.loads(row["op_counts"]))
