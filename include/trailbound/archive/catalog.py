@@ -166,6 +166,17 @@ class PendingScan:
         now = datetime.now(timezone.utc)
         return self.known + [CatalogEntry(s, AVAILABLE, now) for s in self.new]
 
+    def files_present(self) -> bool:
+        """Whether every new segment's data file is there with its manifest's size (a
+        missing or cut file is found by `finish`, which names it, before anything reads it)."""
+        for segment in self.new:
+            try:
+                if segment.path.stat().st_size != segment.bytes:
+                    return False
+            except OSError:
+                return False
+        return True
+
     def runs(self, spark) -> list[list[Segment]]:
         """The new segments cut into runs, a Spark task's each (segments.check_run)."""
         return _check_runs(self.new, parallelism(spark))

@@ -34,6 +34,7 @@ from trailbound.capture.begin import resolve_begin
 from trailbound.capture.logread import LogRead, ReadWindow
 from trailbound.config import Config, ExtractConfig
 from trailbound.crash import crashpoint
+from trailbound.durable import atomic_write
 from trailbound.errors import ArchiveError, changed_since_added
 from trailbound.ggsci import utc
 from trailbound.grouplock import GroupLock
@@ -183,7 +184,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         scan = catalog.begin_scan(config.archive_dir(source))
         with store.transaction() as cur:
             known_group = ckpt.load(cur, name) is not None
-        if not (known_group and in_commit_order):
+        if not (known_group and in_commit_order and scan.files_present()):
             scan.finish(spark)
             watch.lap("scan new segments")
         state = ensure_group(store, config, name)
@@ -334,6 +335,23 @@ def _assemble_and_write(spark, store: MetadataStore, config: Config, run: _Run, 
                 frame.unpersist()
 
 
+class _ClaimBefore:
+    """The trail's claim (trail.format.claim) as it was before a run claimed it, put back
+    when the run's new segments turn out to break the contract: the run then leaves
+    nothing behind. (The old token active again is harmless: no run writes the trail until
+    the next one claims it anew, and that one removes whatever is past its checkpoint.)"""
+
+    def __init__(self, prefix: Path):
+        self.path = trails.claim_path(prefix)
+        self.content = self.path.read_bytes() if self.path.exists() else None
+
+    def put_back(self) -> None:
+        if self.content is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            atomic_write(self.path, self.content)
+
+
 def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
                            directives: list) -> _Trail | None:
     """The trail of a log already in commit order, written in one pass by one task
@@ -352,6 +370,7 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     layouts, versions = _copy_line_layouts(config, extract)
     first_seqno = state.write.position.seqno + 1
     last = decisions.last_written
+    claim_before = _ClaimBefore(prefix)
     task = inorder.Task(
         inputs=run.log.inputs, window=run.log.window, tables=list(extract.table), read_scn=None
         if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
@@ -366,17 +385,20 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         # A write that failed on a segment that breaks the contract: the checks say which
         # (ArchiveError naming the file and record); else the failure stands.
         _remove_uncommitted_files(store, prefix, state.write.position.seqno)
+        claim_before.put_back()
         run.scan.finish(spark)
         raise
     finally:
         crashpoint("mid_trail_write")
     try:
         run.scan.finish(spark, checked if checks else None)
-    except Exception:
-        _remove_uncommitted_files(store, prefix, state.write.position.seqno)  # written from segments that failed
+    except Exception:  # bad input: what was written from it goes, the trail is left as it was
+        _remove_uncommitted_files(store, prefix, state.write.position.seqno)
+        claim_before.put_back()
         raise
     run.watch.lap("check new segments, read the log, write trail files in commit order (one Spark job)")
-    if written.reason is not None:
+    if written.reason is not None:  # nothing written: the grouping takes the run (and claims the trail if it writes)
+        claim_before.put_back()
         run.assembly_note = written.reason
         return None
     expected = {row["file_no"]: {"records": row["records"], "transactions": row["transactions"],
