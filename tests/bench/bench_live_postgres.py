@@ -470,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         run(["pgbench", "-i", "-I", "dtp", "-q", dsn], env)
     execute(source, "ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
     run([*tb, "add", "source", "PGB"], env)
+    run([*tb, "add", "extract", "EXTB"], env)  # ADD EXTRACT precedes the work, as the slot does
     run([*tb, "target", "create"], env)
     execute(source, f"CREATE PUBLICATION native_pub FOR TABLE {TABLE_LIST}",
             "SELECT pg_create_logical_replication_slot('native_slot', 'pgoutput')")

@@ -377,10 +377,12 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         last_written=None if last is None else last.key(), prefix=str(prefix), first_seqno=first_seqno,
         max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
         layouts=layouts, versions=versions, claim=trails.claim(prefix))
-    # The new segments' checks (a task per run of segments) in the same job as the write.
+    # The new segments' checks (a task per run of segments) in the same job as the write,
+    # the write first: Spark starts tasks in order, and the write is the longest (on 2
+    # cores the checks after it shared the other core: 6.7 -> 4.9 s at 1M records).
     checks = [] if run.scan.done else run.scan.runs(spark)
     try:
-        *checked, written = run_tasks(spark, inorder.check_or_write, [("check", c) for c in checks] + [("write", task)])
+        written, *checked = run_tasks(spark, inorder.check_or_write, [("write", task)] + [("check", c) for c in checks])
     except Exception:
         # A write that failed on a segment that breaks the contract: the checks say which
         # (ArchiveError naming the file and record); else the failure stands.
