@@ -98,3 +98,48 @@ def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_tra
             f"W{n}" for n in range(1, 8)]
         assert [r["src_rba"] for r in trail_records if r["xid"] == "T4"] == [9, 10, 0]
         assert results[one].open_transactions == 0 and state(store).open == []
+
+
+def test_a_one_pass_run_killed_at_each_crash_point_then_rerun_gives_the_uninterrupted_trail(
+        tmp_path, spark, store, new_metadata_database, crash_driver):
+    """The one pass's run killed at each crash point in turn (as test_capture's for the
+    grouping): until the checkpoint commits nothing moves, nothing is cataloged before its
+    checks end, and the rerun writes the trail of a run never killed."""
+    import os
+    import subprocess
+
+    from capture_kit import write_config
+    from trailbound import config as configuration
+    from trailbound.archive.catalog import ArchiveCatalog
+    from trailbound.capture.run import CRASH_POINTS
+    from trailbound.crash import CRASH_ENV
+
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    configs = {}
+    for directory in (killed, reference):
+        archive = new_archive(directory)
+        archive.segment(1, _segments(0)[0][0], 20)  # cataloged by the first run
+        configs[directory] = configuration.load(write_config(directory, megabytes=0.0005))
+    with MetadataStore.open(new_metadata_database()) as reference_store:
+        stores = {killed: store, reference: reference_store}
+        for directory in (killed, reference):
+            assert run_extract(spark, stores[directory], configs[directory], "EXT1").assembly == ONE_PASS
+            archive = new_archive(directory)
+            archive.next_sequence[1], archive.next_scn[1] = 2, 20
+            for records, next_scn in _segments(0)[1:] + _segments(1):  # new segments for the killed runs
+                archive.segment(1, records, next_scn)
+        assert run_extract(spark, reference_store, configs[reference], "EXT1").assembly == ONE_PASS
+        before = state(store)
+        env = {**os.environ, "TRAILBOUND_METADATA_DSN": store.connection.dsn, **crash_driver.env}
+        for point in [p for p in CRASH_POINTS if "new_version" not in p]:
+            crashed = subprocess.run(crash_driver.cli("--config", str(killed / "trailbound.yaml"), "extract", "run",
+                                                      "EXT1"), env={**env, CRASH_ENV: point},
+                                     capture_output=True, text=True, timeout=300)
+            assert crashed.returncode == 137, (point, crashed.stderr[-2000:])
+            if point != "after_checkpoint_commit":
+                assert (state(store).read_scn, state(store).write) == (before.read_scn, before.write), point
+            if point in ("before_trail_write", "mid_trail_write"):  # the new segments' checks end with the job
+                assert len(ArchiveCatalog(store, "SRC").entries()) == 1, f"{point}: nothing cataloged yet"
+        assert "nothing new" in run_extract(spark, store, configs[killed], "EXT1").describe()
+        assert committed_trail(store, configs[killed]) == committed_trail(reference_store, configs[reference])
+        assert _trail_bytes(configs[killed]) == _trail_bytes(configs[reference])
