@@ -185,10 +185,7 @@ class PendingScan:
         """Check the new segments (or judge `results`, check_run's of `runs()`, computed
         by the caller's tasks) and catalog them. Raises ArchiveError, cataloging nothing."""
         if not self.done and self.new:
-            runs = self.runs(spark)
-            if results is None:
-                results = run_tasks(spark, seg.check_run, runs)
-            _judge(spark, self.new, runs, results)
+            check_segments(spark, self.new, results)
             self.catalog._insert(self.new)
         self.done = True
         return ScanResult(added=self.new, known=len(self.known), restored=self.restored)
@@ -319,30 +316,20 @@ class ArchiveCatalog:
             )
 
 
-def check_segments(spark, segments: Sequence[Segment]) -> None:
+def check_segments(spark, segments: Sequence[Segment], results: list | None = None) -> None:
     """Check new segments' files against their manifests and every record against the
     contract, raising the first ArchiveError in (thread, sequence, rba) order. Each file
     is read once, in Spark tasks that each take a run of one thread's consecutive
     segments (segments.check_run, vectorised; a thread's runs are then checked against
     each other: segments.runs_pass), at least one per core; only when that finds
     something, or for JSON Lines, does the Spark reader look at the records to name the
-    first bad one."""
-    runs = _check_runs(segments, parallelism(spark))
-    _judge(spark, segments, runs, run_tasks(spark, seg.check_run, runs))
-
-
-def _check_runs(segments: Sequence[Segment], cores: int) -> list[list[Segment]]:
-    threads: dict[int, list[Segment]] = {}
-    for segment in sorted(segments, key=lambda s: (s.thread, s.sequence)):
-        threads.setdefault(segment.thread, []).append(segment)
-    return _runs(list(threads.values()), cores)
-
-
-def _judge(spark, segments: Sequence[Segment], runs: list[list[Segment]], results: list) -> None:
-    """Raise the first error check_run's `results` (one per run) found, or the Spark
-    reader's naming of the first bad record when a vectorised check did not pass."""
+    first bad one. `results`: check_run's of `_check_runs(segments, ...)`, when the
+    caller's own tasks ran them (PendingScan.runs)."""
     from trailbound.archive import reader
 
+    runs = _check_runs(segments, parallelism(spark))
+    if results is None:
+        results = run_tasks(spark, seg.check_run, runs)
     errors = [result.error for result in results if result.error is not None]
     if errors:
         order = {str(s.path): (s.thread, s.sequence) for s in segments}
@@ -355,18 +342,21 @@ def _judge(spark, segments: Sequence[Segment], runs: list[list[Segment]], result
         reader.check_records(spark, segments)
 
 
-def _runs(threads: list[list[Segment]], cores: int) -> list[list[Segment]]:
+def _check_runs(segments: Sequence[Segment], cores: int) -> list[list[Segment]]:
     """Each thread's segments cut into runs of consecutive ones, about equal in records,
     so that there are at least as many runs as cores (a single-thread source, such as a
     PostgreSQL slot's, is checked on every core)."""
-    total = sum(s.records for segments in threads for s in segments) or 1
+    threads: dict[int, list[Segment]] = {}
+    for segment in sorted(segments, key=lambda s: (s.thread, s.sequence)):
+        threads.setdefault(segment.thread, []).append(segment)
+    total = sum(s.records for s in segments) or 1
     runs = []
-    for segments in threads:
-        share = sum(s.records for s in segments)
-        pieces = max(1, min(len(segments), round(cores * share / total)))
+    for of_thread in threads.values():
+        share = sum(s.records for s in of_thread)
+        pieces = max(1, min(len(of_thread), round(cores * share / total)))
         size = share / pieces
         run, counted, cut = [], 0, 1
-        for segment in segments:
+        for segment in of_thread:
             if run and counted >= size * cut:
                 runs.append(run)
                 run, cut = [], cut + 1

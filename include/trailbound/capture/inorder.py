@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from trailbound.archive import contract
 from trailbound.capture import logread
-from trailbound.positions import Scn
+from trailbound.positions import Csn, Scn, csn_at_or_below
 from trailbound.runcounts import count_ops
 from trailbound.trail import format as trails
 
@@ -67,7 +67,7 @@ class Task:
     tables: list[str]               # the captured table patterns
     read_scn: int | None            # transactions that ended below it were decided earlier
     begin_scn: int                  # transactions that started below it are never written
-    last_written: tuple | None      # the write checkpoint's CSN, as a tuple
+    last_written: Csn | None        # the write checkpoint's CSN
     prefix: str
     first_seqno: int
     max_bytes: int
@@ -221,7 +221,7 @@ def _first_pass(task: Task) -> _Shape | str | None:
     if task.read_scn is not None:
         written &= csn >= task.read_scn
     if task.last_written is not None:
-        written &= ~_at_or_below([csn, np.full(len(csn), thread), sequence, rba], task.last_written)
+        written &= ~csn_at_or_below([csn, np.full(len(csn), thread), sequence, rba], task.last_written)
     read = {"thread": thread, "n": n, "reread": reread, "from_time": from_time, "first": first, "last": last}
     written = np.concatenate([written, np.zeros(transactions - len(ends), dtype=bool)])  # the open one, if any
     return _Shape(np.concatenate(ats), np.concatenate(ordinals), csn, sequence, rba, ends["ts"].combine_chunks(),
@@ -235,16 +235,6 @@ def _at(part: pa.Table, row: int, what: str) -> str:
 
 def _record(part: pa.Table, row: int) -> dict:
     return {name: part[name][row].as_py() for name in ("sequence", "rba", "scn", "ts")}
-
-
-def _at_or_below(columns: list[np.ndarray], bound: tuple) -> np.ndarray:
-    """Lexicographic `columns <= bound` (a CSN as its CSN_COLUMNS)."""
-    below = np.zeros(len(columns[0]), dtype=bool)
-    tied = np.ones(len(columns[0]), dtype=bool)
-    for column, value in zip(columns, bound):
-        below |= tied & (column < value)
-        tied &= column == value
-    return below | tied
 
 
 def _octets(column) -> np.ndarray:

@@ -369,12 +369,11 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     crashpoint("before_trail_write")
     layouts, versions = _copy_line_layouts(config, extract)
     first_seqno = state.write.position.seqno + 1
-    last = decisions.last_written
     claim_before = _ClaimBefore(prefix)
     task = inorder.Task(
         inputs=run.log.inputs, window=run.log.window, tables=list(extract.table), read_scn=None
         if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
-        last_written=None if last is None else last.key(), prefix=str(prefix), first_seqno=first_seqno,
+        last_written=decisions.last_written, prefix=str(prefix), first_seqno=first_seqno,
         max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
         layouts=layouts, versions=versions, claim=trails.claim(prefix))
     # The new segments' checks (a task per run of segments) in the same job as the write,
