@@ -130,3 +130,61 @@ def test_the_airflow_operator_runs_capture_in_the_task_on_the_spark_connect_conn
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"remote {spark_remote}/" in done.stdout
     assert [r["xid"] for r in _trail(tmp_path)] == ["A", "A", "B", "D"]
+
+
+_CLIENT = """
+import os, sys
+from trailbound import spark as sessions
+spark = sessions.connect_session(sys.argv[1])
+print("workers", sorted(set(sessions.run_tasks(spark, lambda _: os.getpid(), [0, 1]))))
+if sys.argv[2:] == ["release"]:  # as a client that closes its session on the server would
+    spark.release_session_on_close = True
+spark.stop()
+"""
+
+
+def _python_daemons_of(pid: int) -> set[int]:
+    """The `pyspark.daemon` processes whose parent is `pid` (the JVM that runs the server)."""
+    daemons = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        parent = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        if parent == pid and b"pyspark.daemon" in command:
+            daemons.add(int(entry.name))
+    return daemons
+
+
+def test_every_client_of_a_server_joins_one_session_so_runs_leave_no_python_daemon_behind(tmp_path):
+    """A Connect server keeps a Python daemon per session for as long as it runs, released
+    or not: with a session per client, every run of a long-lived server left one more (48 MB
+    each). The clients share one session instead: five runs, one daemon, and each run's
+    tasks in the Python workers the last one left warm. A client that closes the shared
+    session on the server moves the next ones to the next session, not to an error.
+    (A server of its own, as `make connect` starts it: the suite's, inside its test JVM,
+    runs every session's Python in one daemon.)"""
+    from trailbound.devtools.sparkconnect import ConnectServer
+
+    server = ConnectServer(tmp_path / "connect")
+    server.start(warm=False)
+    try:
+        jvm = int(server.pid_file.read_text())
+
+        def client(*argv: str) -> str:
+            done = subprocess.run([sys.executable, "-c", _CLIENT, server.url, *argv], capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+            return next(line for line in done.stdout.splitlines() if line.startswith("workers"))
+
+        runs = [client() for _ in range(5)]
+        assert len(_python_daemons_of(jvm)) == 1
+        assert runs[1:] == runs[:-1], runs  # the same warm workers served every run
+        client("release")
+        client()  # the next generation's session: one daemon more, once
+        client()
+        assert len(_python_daemons_of(jvm)) == 2
+    finally:
+        server.stop()

@@ -547,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
              for stage in ("pull", "capture", "pump", "replicat", "replicate (supervisor)") if watch.peak_mb(stage)}
 
     figures.update({"changes": changes, "pipeline": pipeline, "busy": busy, "loops": loops, "sessions": sessions,
-                    "steps": [{**{k: v for k, v in asdict(s).items() if k != "output"},
+                    # each step's output (its last lines): which path a capture took, its phases
+                    "steps": [{**{k: v for k, v in asdict(s).items() if k != "output"}, "output": s.output[-6000:],
                                "peak_mb": watch.peak_mb(s.name) or watch.peak_mb("replicate (supervisor)")}
                               for s in steps]})
     keep(figures, saved)

@@ -51,6 +51,10 @@ def server_conf(master: str) -> dict[str, str]:
     # the 1M live backlog (docs/benchmarks/live-postgres.md): capture 69.7 and 72.2 CPU-s of
     # the server against 90.1 and 98.7, its start 10-11 against 20 CPU-s.
     conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
+    # The clients share one session (trailbound.spark.connect_session): keep it through a
+    # night or a weekend without runs (Spark's default closes it after an idle hour, and each
+    # closing leaves its Python daemon behind until the server stops).
+    conf["spark.connect.session.manager.defaultSessionTimeout"] = "7d"
     if master.startswith("local"):
         inside = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
         conf["spark.default.parallelism"] = inside if inside.isdigit() else str(os.cpu_count() or 1)
@@ -136,8 +140,8 @@ class ConnectServer:
         return self
 
     def warm_up(self) -> None:
-        """One small job from a client of its own, so that the first run does not pay the
-        server's first job: the Python worker daemon's start, the engine's imports in a
+        """One small job in the clients' shared session, so that the first run does not pay
+        the server's first job: the Python worker daemon's start, the engine's imports in a
         worker per core, the JVM's first compilations. A capture's first job on a server
         just started took 9.5 s more than on one that had run anything
         (docs/benchmarks/live-postgres.md); a service is ready when it is warm."""
