@@ -58,6 +58,9 @@ def pytest_configure(config):
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "spark-defaults.conf").write_text(SMALL_BATCH_SPARK_DEFAULTS)
     os.environ.setdefault("SPARK_CONF_DIR", str(conf_dir))
+    # The Connect clients' hints of their shared session (trailbound.spark) under var/, not
+    # in the home directory: each test server's port is new.
+    os.environ.setdefault("XDG_CACHE_HOME", str(REPO / "var" / "test-cache"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -135,6 +135,8 @@ def test_the_airflow_operator_runs_capture_in_the_task_on_the_spark_connect_conn
 _CLIENT = """
 import os, sys
 from trailbound import spark as sessions
+if sys.argv[2:] == ["forget-hint"]:
+    sessions._hint_file(sessions._address(sys.argv[1])).unlink(missing_ok=True)
 spark = sessions.connect_session(sys.argv[1])
 print("workers", sorted(set(sessions.run_tasks(spark, lambda _: os.getpid(), [0, 1]))))
 if sys.argv[2:] == ["release"]:  # as a client that closes its session on the server would
@@ -175,7 +177,7 @@ def test_every_client_of_a_server_joins_one_session_so_runs_leave_no_python_daem
 
         def client(*argv: str) -> str:
             done = subprocess.run([sys.executable, "-c", _CLIENT, server.url, *argv], capture_output=True,
-                                  text=True, timeout=300)
+                                  text=True, timeout=300, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
             assert done.returncode == 0, done.stderr[-3000:]
             return next(line for line in done.stdout.splitlines() if line.startswith("workers"))
 
@@ -186,5 +188,11 @@ def test_every_client_of_a_server_joins_one_session_so_runs_leave_no_python_daem
         client()  # the next generation's session: one daemon more, once
         client()
         assert len(_python_daemons_of(jvm)) == 2
+        client("release")
+        # A client with no hint of the generation (another host, another home) probes its way
+        # past the closed ones to the same session as the others.
+        client("forget-hint")
+        client()
+        assert len(_python_daemons_of(jvm)) == 3
     finally:
         server.stop()

@@ -104,7 +104,8 @@ def connect_session(url: str):
     keeps each session's Python daemon until it stops (measured: every CLI run's own session
     left a 48 MB `pyspark.daemon` behind, released or not), and a session's Python workers
     serve only its own jobs (a new session's first job forked a daemon and imported the
-    engine anew: 1.1 s idle against 0.1 s in a session whose workers are up)."""
+    engine anew: 1.1 s idle against 0.1 s in a session whose workers are up). So nothing
+    may interrupt all of the session's operations (`interruptAll`): they are every client's."""
     from pyspark.sql import SparkSession
 
     address = _address(url)
@@ -114,7 +115,8 @@ def connect_session(url: str):
     except OSError as exc:
         raise SparkConnectUnavailable(_down(named, exc.strerror or str(exc))) from None
     shared = ";session_id=" not in url
-    for generation in range(SHARED_SESSION_GENERATIONS if shared else 1):
+    first = _generation_hint(address) if shared else 0
+    for generation in range(first, SHARED_SESSION_GENERATIONS) if shared else [0]:
         session_url = _with_session(url, shared_session_id(address, generation)) if shared else url
         try:
             spark = SparkSession.builder.remote(session_url).getOrCreate()
@@ -128,6 +130,8 @@ def connect_session(url: str):
                     raise
                 spark.stop()  # a session released or expired on the server: the next generation
                 continue
+            if shared and generation != first:
+                _remember_generation(address, generation)
             for key, value in TUNING_DEFAULTS.items():
                 if spark.conf.get(key, None) in (None, _SPARK_DEFAULTS.get(key)):
                     spark.conf.set(key, value)
@@ -136,27 +140,56 @@ def connect_session(url: str):
             if type(exc).__module__.startswith(("grpc", "pyspark.errors")) and _unavailable(exc):
                 raise SparkConnectUnavailable(_down(named, " ".join(str(exc).split())[:200])) from None
             raise
-    raise TrailboundError(f"Spark Connect server {named}: the shared sessions of generations 0 to "
+    raise TrailboundError(f"Spark Connect server {named}: the shared sessions of generations {first} to "
                           f"{SHARED_SESSION_GENERATIONS - 1} are all closed; restart the server, or name a session "
                           "in the URL (;session_id=UUID)")
 
 
-# How many successive shared sessions a client tries: the server closes an idle session after
-# spark.connect.session.manager.defaultSessionTimeout (the devtool's server: a week) and
-# never lets a closed one's id be used again, so each closing moves the clients on to the
-# next generation (one daemon more on the server; a restart starts again from the first).
-SHARED_SESSION_GENERATIONS = 64
+# How many successive shared sessions clients go through: the server closes an idle
+# session after spark.connect.session.manager.defaultSessionTimeout (Spark's default an
+# hour; the devtool's server a week), and an operator or a test may close it; a closed
+# session's id is never usable again, so each closing moves the clients on to the next
+# generation (one Python daemon more on the server; its restart starts again from the
+# first). Each client probes from the generation it last used (`_generation_hint`), one
+# quick refused call per closed one.
+SHARED_SESSION_GENERATIONS = 100_000
 _SESSIONS = uuid.UUID("5f1c0d2e-7a43-4b8e-9c61-2e0b7d4a9f35")  # the namespace of the shared ids
 
 
 def shared_session_id(address: tuple[str, int], generation: int = 0) -> str:
     """The session every trailbound client of the server at `address` joins (per OS user:
     one user's runs never see another's session state)."""
+    return str(uuid.uuid5(_SESSIONS, f"{_user()}@{address[0]}:{address[1]}#{generation}"))
+
+
+def _user() -> str:
     try:
-        user = getpass.getuser()
+        return getpass.getuser()
     except (KeyError, OSError):  # a container's uid without a passwd entry
-        user = str(os.getuid())
-    return str(uuid.uuid5(_SESSIONS, f"{user}@{address[0]}:{address[1]}#{generation}"))
+        return str(os.getuid())
+
+
+def _hint_file(address: tuple[str, int]) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "trailbound" / f"connect-session-{_user()}-{address[0]}-{address[1]}"
+
+
+def _generation_hint(address: tuple[str, int]) -> int:
+    """The shared session's generation this user's clients last moved to (0: none known).
+    Only a hint: the sessions before it are closed for every client, whichever host."""
+    try:
+        return max(0, int(_hint_file(address).read_text()))
+    except (OSError, ValueError):
+        return 0
+
+
+def _remember_generation(address: tuple[str, int], generation: int) -> None:
+    try:  # best effort: a home that cannot be written only costs the next client its probes
+        path = _hint_file(address)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(generation))
+    except OSError:
+        pass
 
 
 def _with_session(url: str, session_id: str) -> str:
