@@ -1,6 +1,6 @@
 """A log already in commit order (what a logical replication slot gives: one thread, each
 transaction's records together, ending with its COMMIT) is written in one pass
-(capture.inorder): the same trail, checkpoints and counts as the general path that groups
+(capture.onetask): the same trail, checkpoints and counts as the general path that groups
 records by transaction, and that path still takes every log that is not in that shape."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon, Pendi
 from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
-from trailbound.capture import inorder, recovery, trailwrite
+from trailbound.capture import onetask, recovery, trailwrite
 from trailbound.capture.assemble import OPEN, SKIP, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.capture.logread import LogRead, ReadWindow
@@ -170,7 +170,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
                 brreset: bool = False, in_commit_order: bool = True) -> RunResult:
     """One capture run of `group` up to the archive's horizon (or what was archived by
     `until`). `in_commit_order=False` always groups the records by transaction (see
-    capture.inorder; tests and benchmarks compare the two paths)."""
+    capture.onetask; tests and benchmarks compare the two paths)."""
     name = config.extract_name(group)
     extract = config.extract(name)
     with group_lock(store, name):
@@ -178,7 +178,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         watch = Stopwatch()
         source = config.source_name(extract.source)
         catalog = ArchiveCatalog(store, source)
-        # The new segments' checks can run in the one-pass write's job (capture.inorder):
+        # The new segments' checks can run in the one-pass write's job (capture.onetask):
         # a group already added, reading in commit order, checks them there, and nothing
         # is cataloged or committed unless they pass. Otherwise they are checked first.
         scan = catalog.begin_scan(config.archive_dir(source))
@@ -228,7 +228,7 @@ class _Run:
     started_at: datetime
     watch: Stopwatch
     scan: PendingScan               # the new segments, cataloged once their checks pass
-    assembly_note: str = ""  # why the log was not written in one pass (capture.inorder)
+    assembly_note: str = ""  # why the log was not written in one pass (capture.onetask)
 
 
 @dataclass
@@ -355,12 +355,12 @@ class _ClaimBefore:
 def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
                            directives: list) -> _Trail | None:
     """The trail of a log already in commit order, written in one pass by one task
-    (capture.inorder), or None (nothing written) when the log is not in that shape:
+    (capture.onetask), or None (nothing written) when the log is not in that shape:
     `run.assembly_note` then says why."""
     state, extract, plan = run.state, run.extract, run.plan
     if run.assembly_note:
         return None
-    reason = inorder.reason_not_to(run.segments, plan.restored, run.log.window, state.open, directives)
+    reason = onetask.reason_not_to(run.segments, plan.restored, run.log.window, state.open, directives)
     if reason is not None:
         run.assembly_note = reason
         return None
@@ -370,7 +370,7 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     layouts, versions = _copy_line_layouts(config, extract)
     first_seqno = state.write.position.seqno + 1
     claim_before = _ClaimBefore(prefix)
-    task = inorder.Task(
+    task = onetask.Task(
         inputs=run.log.inputs, window=run.log.window, tables=list(extract.table), read_scn=None
         if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
         last_written=decisions.last_written, prefix=str(prefix), first_seqno=first_seqno,
@@ -381,7 +381,7 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     # cores the checks after it shared the other core: 6.7 -> 4.9 s at 1M records).
     checks = [] if run.scan.done else run.scan.runs(spark)
     try:
-        written, *checked = run_tasks(spark, inorder.check_or_write, [("write", task)] + [("check", c) for c in checks])
+        written, *checked = run_tasks(spark, onetask.check_or_write, [("write", task)] + [("check", c) for c in checks])
     except Exception:
         # A write that failed on a segment that breaks the contract: the checks say which
         # (ArchiveError naming the file and record); else the failure stands.
