@@ -167,10 +167,11 @@ def _directive_targets(state: ckpt.ExtractState, kind: str) -> list[tuple[ckpt.D
 
 
 def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None,
-                brreset: bool = False, in_commit_order: bool = True) -> RunResult:
+                brreset: bool = False, in_commit_order: bool = True, cache_bytes: int | None = None) -> RunResult:
     """One capture run of `group` up to the archive's horizon (or what was archived by
     `until`). `in_commit_order=False` always groups the records by transaction (see
-    capture.onetask; tests and benchmarks compare the two paths)."""
+    capture.onetask; tests and benchmarks compare the two paths); `cache_bytes` sets the
+    one task's budget of decoded segments (tests: a tiny one makes it read them again)."""
     name = config.extract_name(group)
     extract = config.extract(name)
     with group_lock(store, name):
@@ -205,7 +206,8 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
                       _read_window(restart, horizon_scn, plan))
         run = _Run(state=state, extract=extract, plan=plan, restart=restart, brreset=brreset, log=log,
                    segments=segments, horizon=horizon, until=until, log_bsn=log_bsn, started_at=started_at,
-                   watch=watch, scan=scan, assembly_note="" if in_commit_order else "one pass turned off")
+                   watch=watch, scan=scan, assembly_note="" if in_commit_order else "one pass turned off",
+                   cache_bytes=cache_bytes)
         return _assemble_and_commit(spark, store, config, run)
 
 
@@ -229,6 +231,7 @@ class _Run:
     watch: Stopwatch
     scan: PendingScan               # the new segments, cataloged once their checks pass
     assembly_note: str = ""  # why the log was not written in one pass (capture.onetask)
+    cache_bytes: int | None = None  # the one task's budget of decoded segments (None: capture.onetask's)
 
 
 @dataclass
@@ -375,7 +378,8 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
         last_written=decisions.last_written, prefix=str(prefix), first_seqno=first_seqno,
         max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
-        layouts=layouts, versions=versions, claim=trails.claim(prefix))
+        layouts=layouts, versions=versions, claim=trails.claim(prefix),
+        **({} if run.cache_bytes is None else {"cache_bytes": run.cache_bytes}))
     # The new segments' checks (a task per run of segments) in the same job as the write,
     # the write first: Spark starts tasks in order, and the write is the longest (on 2
     # cores the checks after it shared the other core: 6.7 -> 4.9 s at 1M records).
@@ -413,9 +417,8 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     counts = runcounts.TableCounts()
     for row in written.files:
         counts.add_rows(json.loads(row["op_counts"]))
-    return _Trail(files, counts, sum(row["transactions"] for row in written.files),
-                  [written.open] if written.open else [], [written.read] if written.read else [], set(),
-                  "in commit order (one pass)")
+    return _Trail(files, counts, sum(row["transactions"] for row in written.files), written.open, written.reads,
+                  set(), written.how)
 
 
 def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:
