@@ -135,6 +135,7 @@ def write(task: Task) -> Written:
         return Written(shape, [], [], [])
     if shape is None:
         return Written(None, [], [], [])
+    pa.default_memory_pool().release_unused()  # what the narrow parts took (about 100 MB at 2M records)
     files, how = _second_pass(task, shape)
     pa.default_memory_pool().release_unused()  # the worker stays for the run's next tasks
     return Written(None, files, shape.reads, shape.open_rows(), how)
@@ -219,7 +220,8 @@ class _Ids:
 
 
 class _PerId:
-    """Columns indexed by a key's number, grown as keys come (doubling)."""
+    """Columns indexed by a key's number, grown as keys come (by half: doubling left up to
+    half of them unused, 35 MB of 70 at 2M simulated records)."""
 
     def __init__(self, **columns: tuple[type, object]):
         self._fill = columns
@@ -230,7 +232,7 @@ class _PerId:
     def grow(self, n: int) -> None:
         if n <= self._size:
             return
-        size = max(n, 2 * self._size, 1024)
+        size = max(n, self._size + self._size // 2, 1024)
         for name, (dtype, fill) in self._fill.items():
             old = getattr(self, name)
             new = np.full(size, fill, dtype=dtype)
@@ -457,7 +459,7 @@ def _first_pass(task: Task) -> _Shape | str | None:
         written &= ~csn_at_or_below([T.end_scn, T.thread, T.end_sequence, T.end_rba], task.last_written)
     by_csn = np.flatnonzero(written)
     by_csn = by_csn[np.lexsort((T.end_rba[by_csn], T.end_sequence[by_csn], T.thread[by_csn], T.end_scn[by_csn]))]
-    rank = np.full(transactions, -1, dtype=np.int64)
+    rank = np.full(transactions, -1, dtype=np.int32 if transactions < 2**31 else np.int64)
     rank[by_csn] = np.arange(len(by_csn))
 
     # The records to write: captured ones of written transactions, not of a rolled-back subtransaction.
@@ -470,6 +472,8 @@ def _first_pass(task: Task) -> _Shape | str | None:
         rows, subs = np.concatenate(sub_rows), np.concatenate(sub_numbers)
         out[rows[rolled_back[subs]]] = False
     indices = np.flatnonzero(out)
+    if n < 2**31:  # 4 bytes a record to write, not 8
+        indices = indices.astype(np.int32)
     ranks = rank[txn[indices]]
     order = None
     if np.any(np.diff(ranks) < 0):  # not the log's order: a permutation (stable: each transaction in log order)
@@ -598,7 +602,7 @@ class _Gathered:
         # Per record to write (in trail order): its segment, and per segment its records
         # to write in trail order (`pending`, a slice of `by_segment` from `done`).
         self.segment_of = (np.searchsorted(shape.offsets, self.order, side="right") - 1).astype(np.int32)
-        self.by_segment = np.argsort(self.segment_of, kind="stable").astype(np.int64)
+        self.by_segment = np.argsort(self.segment_of, kind="stable").astype(self.order.dtype)
         counts = np.bincount(self.segment_of, minlength=len(task.inputs))
         self.bounds = np.concatenate([[0], np.cumsum(counts)])
         self.done = np.zeros(len(task.inputs), dtype=np.int64)
