@@ -163,6 +163,7 @@ class _Ids:
         self.count = 0
         self._threads: list[np.ndarray] = []
         self._names: list[pa.Array] = []
+        self._table: pa.Table | None = None  # made once the pass is over
 
     def of(self, thread: np.ndarray, names: pa.Array) -> np.ndarray:
         encoded = pc.dictionary_encode(names)
@@ -194,21 +195,22 @@ class _Ids:
 
     def reused(self, other: "_Ids | None" = None) -> tuple[int, str] | None:
         """A key given two numbers (or, with `other`, a key of both), if any."""
-        table = self.table().select(["thread", "xid"])
+        table = self.table()
         if other is None:
             counts = table.group_by(["thread", "xid"], use_threads=False).aggregate([([], "count_all")])
             twice = counts.filter(pc.greater(counts["count_all"], 1))
         else:
-            twice = table.join(other.table().select(["thread", "xid"]), ["thread", "xid"], join_type="inner",
-                               use_threads=False)
+            twice = table.join(other.table(), ["thread", "xid"], join_type="inner", use_threads=False)
         return (twice["thread"][0].as_py(), twice["xid"][0].as_py()) if len(twice) else None
 
     def table(self) -> pa.Table:
-        """Every key given, by number: (number, thread, xid)."""
-        self._threads = [np.concatenate(self._threads)] if self._threads else [np.zeros(0, dtype=np.int32)]
-        self._names = [pa.concat_arrays(self._names)] if self._names else [pa.array([], pa.string())]
-        return pa.table({"number": np.arange(self.count, dtype=np.int64), "thread": self._threads[0],
-                         "xid": self._names[0]})
+        """Every key given, by number: (thread, xid). Called once every key is given."""
+        if self._table is None:
+            threads = np.concatenate(self._threads) if self._threads else np.zeros(0, dtype=np.int32)
+            names = pa.concat_arrays(self._names) if self._names else pa.array([], pa.string())
+            self._table = pa.table({"thread": threads, "xid": names})
+            self._threads, self._names = [], []
+        return self._table
 
     def keys(self, numbers: np.ndarray) -> tuple[np.ndarray, pa.Array]:
         table = self.table()

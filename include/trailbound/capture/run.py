@@ -81,7 +81,7 @@ class RunResult:
     recovery: str = ""
     restart: str = ""
     br_checkpoint: bool = False
-    assembly: str = ""  # how the records became the trail: in commit order (one pass), or grouped, and why
+    assembly: str = ""  # how the records became the trail: by one task (capture.onetask), or grouped, and why
 
     def describe(self) -> str:
         if self.note:
@@ -179,8 +179,8 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         watch = Stopwatch()
         source = config.source_name(extract.source)
         catalog = ArchiveCatalog(store, source)
-        # The new segments' checks can run in the one-pass write's job (capture.onetask):
-        # a group already added, reading in commit order, checks them there, and nothing
+        # The new segments' checks can run in the one task's job (capture.onetask): a
+        # group already added, written by the one task, checks them there, and nothing
         # is cataloged or committed unless they pass. Otherwise they are checked first.
         scan = catalog.begin_scan(config.archive_dir(source))
         with store.transaction() as cur:
@@ -230,7 +230,7 @@ class _Run:
     started_at: datetime
     watch: Stopwatch
     scan: PendingScan               # the new segments, cataloged once their checks pass
-    assembly_note: str = ""  # why the log was not written in one pass (capture.onetask)
+    assembly_note: str = ""  # why the run was not written by one task (capture.onetask)
     cache_bytes: int | None = None  # the one task's budget of decoded segments (None: capture.onetask's)
 
 
@@ -357,9 +357,8 @@ class _ClaimBefore:
 
 def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
                            directives: list) -> _Trail | None:
-    """The trail of a log already in commit order, written in one pass by one task
-    (capture.onetask), or None (nothing written) when the log is not in that shape:
-    `run.assembly_note` then says why."""
+    """The run's trail written by one task (capture.onetask), or None (nothing written)
+    when that task does not handle the run: `run.assembly_note` then says why."""
     state, extract, plan = run.state, run.extract, run.plan
     if run.assembly_note:
         return None
@@ -401,7 +400,7 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         _remove_uncommitted_files(store, prefix, state.write.position.seqno)
         claim_before.put_back()
         raise
-    run.watch.lap("check new segments, read the log, write trail files in commit order (one Spark job)")
+    run.watch.lap("check new segments, read the log, write trail files by one task (one Spark job)")
     if written.reason is not None:  # nothing written: the grouping takes the run (and claims the trail if it writes)
         claim_before.put_back()
         run.assembly_note = written.reason
