@@ -1,7 +1,9 @@
-"""A log already in commit order (what a logical replication slot gives: one thread, each
-transaction's records together, ending with its COMMIT) is written in one pass
-(capture.inorder): the same trail, checkpoints and counts as the general path that groups
-records by transaction, and that path still takes every log that is not in that shape."""
+"""A run's trail written by one task (capture.onetask): a log already in commit order (what
+a logical replication slot gives: one thread, each transaction's records together, ending
+with its COMMIT) in one pass, and an interleaved, multi-thread log (the simulator's: three
+threads, savepoints, rollbacks, transactions open across runs) reordered by commit from a
+cache of segments: the same trail, checkpoints and counts as the general path that groups
+records by transaction, which still takes every log the one task does not handle."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from trailbound.trail import format as trail
 pytestmark = [pytest.mark.spark, pytest.mark.pg]
 
 ONE_PASS = "in commit order (one pass)"
+REORDERED = "in commit order (one task)"
 
 
 def _segments(step: int) -> list[tuple[list[dict], int]]:
@@ -35,9 +38,9 @@ def _segments(step: int) -> list[tuple[list[dict], int]]:
             records += [ins(scn + 1, f"U{n}", 100 + n), rec(scn + 2, f"U{n}", "UPDATE", "shop.orders", key=100 + n),
                         rec(scn + 3, f"U{n}", "COMMIT")]
         return [(records, 300)]
-    if step == 2:  # two transactions interleave: the general path's work
+    if step == 2:  # two transactions interleave (their records still come in commit order)
         return [([ins(301, "V1", 200), ins(302, "V2", 201), rec(303, "V1", "COMMIT"), rec(304, "V2", "COMMIT")], 400)]
-    if step == 3:  # a subtransaction rolled back to its savepoint: grouped too
+    if step == 3:  # a subtransaction rolled back to its savepoint: its records are dropped
         return [([ins(401, "S1", 250), ins(402, "S1.1", 251, parent_xid="S1"),
                   rec(403, "S1.1", "ROLLBACK", parent_xid="S1"), rec(404, "S1", "COMMIT")], 450)]
     if step == 4:  # one left open at the horizon (read again from its start by the next run)
@@ -83,13 +86,10 @@ def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_tra
             assert [getattr(results[one], f) for f in fields] == [getattr(results[grouped], f) for f in fields], step
             assert _checkpoints(store) == _checkpoints(grouped_store), step
             assert _trail_bytes(configs[one]) == _trail_bytes(configs[grouped]), step
-        assert paths[:2] == [ONE_PASS, ONE_PASS]
-        assert paths[2].startswith("grouped by transaction: transactions interleave at sequence 4 rba 1")
-        assert paths[3].startswith("grouped by transaction: a subtransaction (parent_xid) at sequence 5 rba 1")
-        assert paths[4] == ONE_PASS  # W2 left open, then read again from its start
-        assert paths[5] == ONE_PASS
-        assert paths[6].startswith("grouped by transaction: transactions interleave at sequence 8 rba 1")
-        assert paths[7:] == [ONE_PASS, ONE_PASS]  # W7 left open, then ended
+        # Interleaved transactions (steps 2 and 6) and a savepoint rolled back (3) whose
+        # records to write still come in commit order; W2 and W7 left open, then read
+        # again from their start.
+        assert paths == [ONE_PASS] * 9
 
         trail_records = committed_trail(store, configs[one])
         assert len(_trail_bytes(configs[one])) > 4  # rolled over
@@ -143,3 +143,66 @@ def test_a_one_pass_run_killed_at_each_crash_point_then_rerun_gives_the_uninterr
         assert "nothing new" in run_extract(spark, store, configs[killed], "EXT1").describe()
         assert committed_trail(store, configs[killed]) == committed_trail(reference_store, configs[reference])
         assert _trail_bytes(configs[killed]) == _trail_bytes(configs[reference])
+
+
+def _simulated(directory, **kwargs):
+    from trailbound.sources.simulator import simulate
+
+    return simulate(directory / "archive", directory / "truth.json", fmt="parquet", **kwargs)
+
+
+def _run_both(spark, archives: dict, stores: dict, configs: dict, one, until, **one_task) -> dict:
+    """One run of each path (the one task at `one`, the grouping at the other), and their
+    results, checkpoints and trails compared."""
+    results = {d: run_extract(spark, stores[d], configs[d], "EXT1", until=until, in_commit_order=d == one,
+                              **(one_task if d == one else {})) for d in archives}
+    grouped = next(d for d in archives if d != one)
+    fields = ("records_read", "transactions_written", "records_written", "open_transactions")
+    assert [getattr(results[one], f) for f in fields] == [getattr(results[grouped], f) for f in fields], until
+    assert _checkpoints(stores[one]) == _checkpoints(stores[grouped]), until
+    assert _trail_bytes(configs[one]) == _trail_bytes(configs[grouped]), until
+    return results
+
+
+def test_a_simulated_multi_thread_log_is_written_by_one_task_and_equals_the_grouped_trail(
+        tmp_path, spark, store, new_metadata_database):
+    """Three threads with interleaved transactions, savepoints rolled back, rolled-back
+    transactions, transactions open across runs and several trail files: the one task
+    reorders the records by commit and writes the grouping's trail byte for byte."""
+    from datetime import timedelta
+
+    one, grouped = tmp_path / "one", tmp_path / "grouped"
+    summaries = [_simulated(d, records=8_000, hours=8, seed=5) for d in (one, grouped)]
+    summary = summaries[0]
+    assert summary.features["rolled_back_savepoints"] > 0 and summary.rolled_back > 0 and len(summary.segments) == 3
+    configs = {d: load_config(d, tables=("shop.*", "hr.*"), megabytes=0.05) for d in (one, grouped)}
+    with MetadataStore.open(new_metadata_database()) as grouped_store:
+        stores = {one: store, grouped: grouped_store}
+        runs = []
+        # Before Bounded Recovery's first boundary (4 h of log time): a run after it would restore
+        # persisted transactions, which the one task leaves to the grouping.
+        for until in [summary.first_time + timedelta(hours=h) for h in (1, 2, 3.5)] + [None]:
+            results = _run_both(spark, configs, stores, configs, one, until)
+            runs.append(results[one])
+            assert results[grouped].assembly == "grouped by transaction: one pass turned off"
+        assert all(r.assembly == REORDERED for r in runs), [r.assembly for r in runs]
+        assert all(r.transactions_written > 0 for r in runs)
+        assert any(r.open_transactions > 0 for r in runs[:-1])  # open across runs, read again from their start
+        assert len(_trail_bytes(configs[one])) > 3  # rolled over
+        assert len({r["src_thread"] for r in committed_trail(store, configs[one])}) == 3
+
+
+def test_a_tiny_cache_budget_reads_segments_again_and_writes_the_same_trail(tmp_path, spark, store,
+                                                                           new_metadata_database):
+    """The one task's cache of decoded segments held to a few KB: segments are dropped
+    before their last record to write is out and read again, and the trail is the
+    grouping's all the same."""
+    one, grouped = tmp_path / "one", tmp_path / "grouped"
+    for directory in (one, grouped):
+        _simulated(directory, records=3_000, hours=3, seed=9, segment_minutes=5)
+    configs = {d: load_config(d, tables=("shop.*", "hr.*"), megabytes=0.05) for d in (one, grouped)}
+    with MetadataStore.open(new_metadata_database()) as grouped_store:
+        results = _run_both(spark, configs, {one: store, grouped: grouped_store}, configs, one, None,
+                            cache_bytes=20_000)
+    assert results[one].assembly.startswith(REORDERED + ", ") and "segment reads again" in results[one].assembly, \
+        results[one].assembly

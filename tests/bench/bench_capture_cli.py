@@ -124,7 +124,10 @@ def timed(name: str, command: list[str], env: dict[str, str], server: CpuGroup |
     if done.returncode:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     last = [line for line in done.stdout.splitlines() if line.strip()]
-    return {"wall_s": wall, "cpu_s": cpu, "server_cpu_s": server_cpu, "said": last[-1][:160] if last else "",
+    said = last[-1] if last else ""
+    if len(said) > 160:  # its end too: a capture's summary line ends with how its records were assembled
+        said = f"{said[:90]} ... {said[-70:]}"
+    return {"wall_s": wall, "cpu_s": cpu, "server_cpu_s": server_cpu, "said": said,
             "rss_mb": {key: memory.mb(key) for key in RSS_COLUMNS}}
 
 

@@ -28,7 +28,7 @@ from trailbound.archive.catalog import AVAILABLE, ArchiveCatalog, Horizon, Pendi
 from trailbound.archive.segments import Segment, load_defs, versions_of
 from trailbound.capture import bounded
 from trailbound.capture import checkpoints as ckpt
-from trailbound.capture import inorder, recovery, trailwrite
+from trailbound.capture import onetask, recovery, trailwrite
 from trailbound.capture.assemble import OPEN, SKIP, Decisions, assemble
 from trailbound.capture.begin import resolve_begin
 from trailbound.capture.logread import LogRead, ReadWindow
@@ -81,7 +81,7 @@ class RunResult:
     recovery: str = ""
     restart: str = ""
     br_checkpoint: bool = False
-    assembly: str = ""  # how the records became the trail: in commit order (one pass), or grouped, and why
+    assembly: str = ""  # how the records became the trail: by one task (capture.onetask), or grouped, and why
 
     def describe(self) -> str:
         if self.note:
@@ -167,10 +167,11 @@ def _directive_targets(state: ckpt.ExtractState, kind: str) -> list[tuple[ckpt.D
 
 
 def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None,
-                brreset: bool = False, in_commit_order: bool = True) -> RunResult:
+                brreset: bool = False, in_commit_order: bool = True, cache_bytes: int | None = None) -> RunResult:
     """One capture run of `group` up to the archive's horizon (or what was archived by
     `until`). `in_commit_order=False` always groups the records by transaction (see
-    capture.inorder; tests and benchmarks compare the two paths)."""
+    capture.onetask; tests and benchmarks compare the two paths); `cache_bytes` sets the
+    one task's budget of decoded segments (tests: a tiny one makes it read them again)."""
     name = config.extract_name(group)
     extract = config.extract(name)
     with group_lock(store, name):
@@ -178,8 +179,8 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         watch = Stopwatch()
         source = config.source_name(extract.source)
         catalog = ArchiveCatalog(store, source)
-        # The new segments' checks can run in the one-pass write's job (capture.inorder):
-        # a group already added, reading in commit order, checks them there, and nothing
+        # The new segments' checks can run in the one task's job (capture.onetask): a
+        # group already added, written by the one task, checks them there, and nothing
         # is cataloged or committed unless they pass. Otherwise they are checked first.
         scan = catalog.begin_scan(config.archive_dir(source))
         with store.transaction() as cur:
@@ -205,7 +206,8 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
                       _read_window(restart, horizon_scn, plan))
         run = _Run(state=state, extract=extract, plan=plan, restart=restart, brreset=brreset, log=log,
                    segments=segments, horizon=horizon, until=until, log_bsn=log_bsn, started_at=started_at,
-                   watch=watch, scan=scan, assembly_note="" if in_commit_order else "one pass turned off")
+                   watch=watch, scan=scan, assembly_note="" if in_commit_order else "one pass turned off",
+                   cache_bytes=cache_bytes)
         return _assemble_and_commit(spark, store, config, run)
 
 
@@ -228,7 +230,8 @@ class _Run:
     started_at: datetime
     watch: Stopwatch
     scan: PendingScan               # the new segments, cataloged once their checks pass
-    assembly_note: str = ""  # why the log was not written in one pass (capture.inorder)
+    assembly_note: str = ""  # why the run was not written by one task (capture.onetask)
+    cache_bytes: int | None = None  # the one task's budget of decoded segments (None: capture.onetask's)
 
 
 @dataclass
@@ -354,13 +357,12 @@ class _ClaimBefore:
 
 def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
                            directives: list) -> _Trail | None:
-    """The trail of a log already in commit order, written in one pass by one task
-    (capture.inorder), or None (nothing written) when the log is not in that shape:
-    `run.assembly_note` then says why."""
+    """The run's trail written by one task (capture.onetask), or None (nothing written)
+    when that task does not handle the run: `run.assembly_note` then says why."""
     state, extract, plan = run.state, run.extract, run.plan
     if run.assembly_note:
         return None
-    reason = inorder.reason_not_to(run.segments, plan.restored, run.log.window, state.open, directives)
+    reason = onetask.reason_not_to(run.segments, plan.restored, run.log.window, state.open, directives)
     if reason is not None:
         run.assembly_note = reason
         return None
@@ -370,18 +372,19 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     layouts, versions = _copy_line_layouts(config, extract)
     first_seqno = state.write.position.seqno + 1
     claim_before = _ClaimBefore(prefix)
-    task = inorder.Task(
+    task = onetask.Task(
         inputs=run.log.inputs, window=run.log.window, tables=list(extract.table), read_scn=None
         if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
         last_written=decisions.last_written, prefix=str(prefix), first_seqno=first_seqno,
         max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
-        layouts=layouts, versions=versions, claim=trails.claim(prefix))
+        layouts=layouts, versions=versions, claim=trails.claim(prefix),
+        **({} if run.cache_bytes is None else {"cache_bytes": run.cache_bytes}))
     # The new segments' checks (a task per run of segments) in the same job as the write,
     # the write first: Spark starts tasks in order, and the write is the longest (on 2
     # cores the checks after it shared the other core: 6.7 -> 4.9 s at 1M records).
     checks = [] if run.scan.done else run.scan.runs(spark)
     try:
-        written, *checked = run_tasks(spark, inorder.check_or_write, [("write", task)] + [("check", c) for c in checks])
+        written, *checked = run_tasks(spark, onetask.check_or_write, [("write", task)] + [("check", c) for c in checks])
     except Exception:
         # A write that failed on a segment that breaks the contract: the checks say which
         # (ArchiveError naming the file and record); else the failure stands.
@@ -397,7 +400,7 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
         _remove_uncommitted_files(store, prefix, state.write.position.seqno)
         claim_before.put_back()
         raise
-    run.watch.lap("check new segments, read the log, write trail files in commit order (one Spark job)")
+    run.watch.lap("check new segments, read the log, write trail files by one task (one Spark job)")
     if written.reason is not None:  # nothing written: the grouping takes the run (and claims the trail if it writes)
         claim_before.put_back()
         run.assembly_note = written.reason
@@ -413,9 +416,8 @@ def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Ru
     counts = runcounts.TableCounts()
     for row in written.files:
         counts.add_rows(json.loads(row["op_counts"]))
-    return _Trail(files, counts, sum(row["transactions"] for row in written.files),
-                  [written.open] if written.open else [], [written.read] if written.read else [], set(),
-                  "in commit order (one pass)")
+    return _Trail(files, counts, sum(row["transactions"] for row in written.files), written.open, written.reads,
+                  set(), written.how)
 
 
 def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run) -> RunResult:

@@ -181,7 +181,7 @@ def _import_the_engine(_) -> None:
     import pyarrow.parquet  # noqa: F401
 
     import trailbound.archive.segments  # noqa: F401
-    import trailbound.capture.inorder  # noqa: F401
+    import trailbound.capture.onetask  # noqa: F401
     import trailbound.capture.logread  # noqa: F401
     import trailbound.trail.format  # noqa: F401
 
