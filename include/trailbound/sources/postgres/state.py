@@ -124,11 +124,16 @@ def state_path(archive: Path, sequence: int) -> Path:
 
 
 def save(archive: Path, state: MinerState) -> Path:
-    path = state_path(archive, state.sequence)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Compact: the state lists every transaction ended since the slot's confirmed position
     # (tens of thousands in a large pull), and indented JSON is encoded in pure Python.
-    atomic_write(path, (state.to_text() + "\n").encode())
+    return write_text(archive, state.sequence, state.to_text())
+
+
+def write_text(archive: Path, sequence: int, text: str) -> Path:
+    """The state file of segment `sequence`, given its text (MinerState.to_text)."""
+    path = state_path(archive, sequence)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, (text + "\n").encode())
     return path
 
 
