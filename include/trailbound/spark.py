@@ -149,9 +149,9 @@ def connect_session(url: str):
 # session after spark.connect.session.manager.defaultSessionTimeout (Spark's default an
 # hour; the devtool's server a week), and an operator or a test may close it; a closed
 # session's id is never usable again, so each closing moves the clients on to the next
-# generation (one Python daemon more on the server; its restart starts again from the
-# first). Each client probes from the generation it last used (`_generation_hint`), one
-# quick refused call per closed one.
+# generation (one Python daemon more on the server). Each client probes from the
+# generation it last used (`_generation_hint`), one quick refused call per closed one; a
+# restarted server has closed none, and its clients go on from their hints.
 SHARED_SESSION_GENERATIONS = 100_000
 _SESSIONS = uuid.UUID("5f1c0d2e-7a43-4b8e-9c61-2e0b7d4a9f35")  # the namespace of the shared ids
 
