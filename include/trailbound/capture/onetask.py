@@ -34,7 +34,7 @@ read again from its start, as every run does) and the window's segments are Parq
 contract violation (a record after its transaction's end or its savepoint's rollback, an
 xid that is both a subtransaction and a transaction, a subtransaction under two parents).
 Otherwise it writes nothing, says why, and the run goes through capture.assemble, which
-writes the same trail (tests/test_capture_inorder.py compares them byte for byte) and names
+writes the same trail (tests/test_capture_onetask.py compares them byte for byte) and names
 any record that breaks the contract.
 """
 

@@ -167,9 +167,9 @@ def _directive_targets(state: ckpt.ExtractState, kind: str) -> list[tuple[ckpt.D
 
 
 def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None,
-                brreset: bool = False, in_commit_order: bool = True, cache_bytes: int | None = None) -> RunResult:
+                brreset: bool = False, one_task: bool = True, cache_bytes: int | None = None) -> RunResult:
     """One capture run of `group` up to the archive's horizon (or what was archived by
-    `until`). `in_commit_order=False` always groups the records by transaction (see
+    `until`). `one_task=False` always groups the records by transaction (see
     capture.onetask; tests and benchmarks compare the two paths); `cache_bytes` sets the
     one task's budget of decoded segments (tests: a tiny one makes it read them again)."""
     name = config.extract_name(group)
@@ -185,7 +185,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
         scan = catalog.begin_scan(config.archive_dir(source))
         with store.transaction() as cur:
             known_group = ckpt.load(cur, name) is not None
-        if not (known_group and in_commit_order and scan.files_present()):
+        if not (known_group and one_task and scan.files_present()):
             scan.finish(spark)
             watch.lap("scan new segments")
         state = ensure_group(store, config, name)
@@ -206,7 +206,7 @@ def run_extract(spark, store: MetadataStore, config: Config, group: str, *, unti
                       _read_window(restart, horizon_scn, plan))
         run = _Run(state=state, extract=extract, plan=plan, restart=restart, brreset=brreset, log=log,
                    segments=segments, horizon=horizon, until=until, log_bsn=log_bsn, started_at=started_at,
-                   watch=watch, scan=scan, assembly_note="" if in_commit_order else "one pass turned off",
+                   watch=watch, scan=scan, assembly_note="" if one_task else "one task turned off",
                    cache_bytes=cache_bytes)
         return _assemble_and_commit(spark, store, config, run)
 
@@ -355,7 +355,7 @@ class _ClaimBefore:
             atomic_write(self.path, self.content)
 
 
-def _write_in_commit_order(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
+def _write_by_one_task(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
                            directives: list) -> _Trail | None:
     """The run's trail written by one task (capture.onetask), or None (nothing written)
     when that task does not handle the run: `run.assembly_note` then says why."""
@@ -431,7 +431,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
                           + [(thread, d.xid, "skiptrans") for d, thread in skip_targets],
                           forced=[(thread, d.xid, k) for k, (d, thread) in enumerate(force_targets)],
                           horizon_scn=horizon_scn, read_time=read_time)
-    trail = _write_in_commit_order(spark, store, config, run, decisions, skip_targets + force_targets)
+    trail = _write_by_one_task(spark, store, config, run, decisions, skip_targets + force_targets)
     if trail is None:
         trail = _assemble_and_write(spark, store, config, run, decisions)
     files, counts, open_rows, per_thread, seen = trail.files, trail.counts, trail.open_rows, trail.log_reads, trail.seen

@@ -78,10 +78,10 @@ def test_a_log_in_commit_order_is_written_in_one_pass_and_equals_the_grouped_tra
             for directory, archive in archives.items():
                 for records, next_scn in _segments(step):
                     archive.segment(1, records, next_scn)
-            results = {d: run_extract(spark, stores[d], configs[d], "EXT1", in_commit_order=d == one)
+            results = {d: run_extract(spark, stores[d], configs[d], "EXT1", one_task=d == one)
                        for d in archives}
             paths.append(results[one].assembly)
-            assert results[grouped].assembly == "grouped by transaction: one pass turned off"
+            assert results[grouped].assembly == "grouped by transaction: one task turned off"
             fields = ("records_read", "transactions_written", "records_written", "open_transactions")
             assert [getattr(results[one], f) for f in fields] == [getattr(results[grouped], f) for f in fields], step
             assert _checkpoints(store) == _checkpoints(grouped_store), step
@@ -154,7 +154,7 @@ def _simulated(directory, **kwargs):
 def _run_both(spark, archives: dict, stores: dict, configs: dict, one, until, **one_task) -> dict:
     """One run of each path (the one task at `one`, the grouping at the other), and their
     results, checkpoints and trails compared."""
-    results = {d: run_extract(spark, stores[d], configs[d], "EXT1", until=until, in_commit_order=d == one,
+    results = {d: run_extract(spark, stores[d], configs[d], "EXT1", until=until, one_task=d == one,
                               **(one_task if d == one else {})) for d in archives}
     grouped = next(d for d in archives if d != one)
     fields = ("records_read", "transactions_written", "records_written", "open_transactions")
@@ -184,7 +184,7 @@ def test_a_simulated_multi_thread_log_is_written_by_one_task_and_equals_the_grou
         for until in [summary.first_time + timedelta(hours=h) for h in (1, 2, 3.5)] + [None]:
             results = _run_both(spark, configs, stores, configs, one, until)
             runs.append(results[one])
-            assert results[grouped].assembly == "grouped by transaction: one pass turned off"
+            assert results[grouped].assembly == "grouped by transaction: one task turned off"
         assert all(r.assembly == REORDERED for r in runs), [r.assembly for r in runs]
         assert all(r.transactions_written > 0 for r in runs)
         assert any(r.open_transactions > 0 for r in runs[:-1])  # open across runs, read again from their start
