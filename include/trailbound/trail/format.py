@@ -11,14 +11,13 @@ next run overwrites it. See docs/trail-format.md.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import queue
 import threading
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -271,6 +270,7 @@ class _FileWriter:
         # 1M records: 1.1 of its 2.3 CPU-s). At most _ROW_GROUPS_AHEAD wait: bounded memory.
         self._pending: queue.Queue = queue.Queue(maxsize=_ROW_GROUPS_AHEAD)
         self._failure: BaseException | None = None
+        self._abandoned = False  # the write failed on the caller's side: what waits is not encoded
         self._encoder = threading.Thread(target=self._encode, name=f"trail writer {self.path.name}", daemon=True)
         self._encoder.start()
 
@@ -287,7 +287,7 @@ class _FileWriter:
 
     def _encode(self) -> None:
         while (records := self._pending.get()) is not None:
-            if self._failure is None:  # after a failure, only drain: the writer is abandoned
+            if self._failure is None and not self._abandoned:  # else only drained
                 try:
                     self._digest.update(records)
                     self._parquet.write_table(records, row_group_size=len(records))
@@ -327,7 +327,8 @@ class _FileWriter:
         try:
             yield
         except BaseException:
-            with contextlib.suppress(BaseException):
+            self._abandoned = True
+            with suppress(BaseException):
                 self._encoded()
             self._parquet.close()
             temporary_path(self.path, self.claim).unlink(missing_ok=True)
