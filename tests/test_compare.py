@@ -271,3 +271,28 @@ def test_compare_refuses_a_source_without_postgres_and_a_replicat_of_another_sou
     assert "replicat REP1 applies source SIM, not PG" in capsys.readouterr().err
     assert cli.main(["--config", str(config_path), "compare", "PG", "REP9"]) == 1
     assert "no replicat named 'REP9'" in capsys.readouterr().err
+
+
+def test_a_row_changed_and_changed_back_while_the_target_holds_the_change_between_is_in_flight_not_out_of_sync(
+        world):
+    """A source row read at one image, changed, the change applied, then changed back to the
+    first image (pgbench's balances do: +d then -d): the target holds the middle image
+    while the source shows the one first read. Judged by its image alone the source was
+    "unchanged", and the row was reported out of sync (a suite run under load saw it); by
+    its version (xmin) it changed, so it stays in flight until the replicat applies the
+    change back, and then it is in sync."""
+    execute(world.source, "UPDATE pgbench_accounts SET abalance = 111 WHERE aid = 42")  # not applied yet
+
+    def catch_up() -> None:
+        if world.rounds == 1:  # the first catch-up: a change and its undoing around one pass
+            execute(world.source, "UPDATE pgbench_accounts SET abalance = 222 WHERE aid = 42")
+            world.pipeline()
+            assert query(world.target, "SELECT abalance FROM pgbench_accounts WHERE aid = 42")[0][0] == 222
+            execute(world.source, "UPDATE pgbench_accounts SET abalance = 111 WHERE aid = 42")
+        else:
+            world.pipeline()
+
+    report = world.compare(catch_up=catch_up, wait_seconds=120)
+    assert report.out_of_sync == 0, report.describe()
+    assert world.rounds >= 3 and report.rounds >= 2, "the row was decided before the change back was applied"
+    assert query(world.target, "SELECT abalance FROM pgbench_accounts WHERE aid = 42")[0][0] == 111

@@ -4,7 +4,7 @@ has applied past the source's WAL position at which the row was read.
 A round, for the differences whose position the replicat has passed: read the target's
 row, then the source's again. The target now equal to what the source showed: it was in
 flight, and it is in sync. The target still different and the source unchanged since
-that read: out of sync, confirmed. The source changed meanwhile: still in flight; the
+that read (the same image and the same row version, its xmin): out of sync, confirmed. The source changed meanwhile: still in flight; the
 new source image, with its new position, goes to the next round. Rounds go on until
 every difference is decided or the wait is over; what is left is reported as in flight,
 never as out of sync.
@@ -96,17 +96,23 @@ def confirm(pending: list[RowDifference], specs: dict[str, TableSpec], source_co
             mine = [d for d in ready if d.table == table]
             keys = [d.key_values for d in mine if d.key_values is not None]
             target_rows = sides.rows(target_connection, spec, spec.target_rel, keys=keys)
-            source_rows = sides.rows(source_connection, spec, spec.source_rel, keys=keys)
+            source_rows = sides.rows(source_connection, spec, spec.source_rel, keys=keys, versions=True)
             lsn = sides.current_lsn(source_connection)
             for d in mine:
                 now_target = target_rows.get(d.key, (None, None))[1]
-                now_source = source_rows.get(d.key, (None, None))[1]
+                _, now_source, *version = source_rows.get(d.key, (None, None))
+                now_version = version[0] if version else None
                 if now_target == d.source:
                     continue  # the replicat brought it in line: it was in flight
-                if now_source == d.source:
-                    confirmed.append(RowDifference(d.table, d.key, d.key_values, d.source, now_target, d.lsn))
+                # Unchanged means the same version, not only the same image: a row changed
+                # and changed back (pgbench's balances do) showed its first image again while
+                # the target held the change between, and that was reported out of sync.
+                if now_source == d.source and (d.source_version is None or now_version == d.source_version):
+                    confirmed.append(RowDifference(d.table, d.key, d.key_values, d.source, now_target, d.lsn,
+                                                   d.source_version))
                 else:
-                    pending.append(RowDifference(d.table, d.key, d.key_values, now_source, now_target, lsn))
+                    pending.append(RowDifference(d.table, d.key, d.key_values, now_source, now_target, lsn,
+                                                 now_version))
         through = applied()
     note = None
     if pending:

@@ -67,6 +67,10 @@ class RowDifference:
     source: tuple | int | None
     target: tuple | int | None
     lsn: Scn
+    # The source row's version when `source` was read (its xmin: every committed UPDATE
+    # gives the row a new one), None when unknown (keyless, missing): a row that changed
+    # and changed back shows the same image, not the same version.
+    source_version: str | None = None
 
     def kind(self) -> str:
         if isinstance(self.source, int) or isinstance(self.target, int):
@@ -157,10 +161,13 @@ def _picklable(value):
 
 
 def rows(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyRange | None = None,
-         keys: list[tuple] | None = None) -> dict[tuple, tuple]:
+         keys: list[tuple] | None = None, *, versions: bool = False) -> dict[tuple, tuple]:
     """key text -> (key values, image) for a range's rows, or for the rows of `keys`
-    (key values). Keyless: row texts -> (None, how many)."""
+    (key values); with `versions` (a keyed table on PostgreSQL), (key values, image, the
+    row's xmin). Keyless: row texts -> (None, how many)."""
     texts = _texts(table.columns)
+    if versions and not table.keyless:
+        texts = sql.SQL("{}, xmin::text").format(texts)
     with connection.cursor() as cur:
         if table.keyless:
             cur.execute(sql.SQL("SELECT {} FROM {}").format(texts, sql.Identifier(*relation)))
@@ -180,7 +187,8 @@ def rows(connection, table: TableSpec, relation: tuple[str, str], bounds: KeyRan
         found = {}
         for record in cur.fetchall():
             image = tuple(record[width])
-            found[table.key_text(image)] = (tuple(_picklable(v) for v in record[:width]), image)
+            found[table.key_text(image)] = (tuple(_picklable(v) for v in record[:width]), image,
+                                            *record[width + 1:])
         return found
 
 
@@ -248,7 +256,7 @@ def check_range(task: RangeTask) -> RangeResult:
             for start in range(0, len(differing), 5000):
                 batch = differing[start:start + 5000]
                 values = [(source_hashes.get(k) or target_hashes.get(k))[0] for k in batch]
-                on_source = pool.submit(rows, source, table, table.source_rel, keys=values)
+                on_source = pool.submit(rows, source, table, table.source_rel, keys=values, versions=True)
                 on_target = pool.submit(rows, target, table, table.target_rel, keys=values)
                 source_part, target_part = on_source.result(), on_target.result()
                 lsn = current_lsn(source)
@@ -258,8 +266,8 @@ def check_range(task: RangeTask) -> RangeResult:
         target.close()
     result = []
     for key in sorted(found, key=lambda k: tuple("" if v is None else v for v in k)):
-        (values_a, a), (values_b, b) = (found[key][0] or (None, None)), (found[key][1] or (None, None))
+        (values_a, a, version), (values_b, b) = (found[key][0] or (None, None, None)), (found[key][1] or (None, None))
         if a != b:  # a row may have changed back between the two reads
-            result.append(RowDifference(table.source, key, values_a or values_b, a, b, found[key][2]))
+            result.append(RowDifference(table.source, key, values_a or values_b, a, b, found[key][2], version))
     return RangeResult(table.source, task.index, source_rows, target_rows, False, compared, result)
 
