@@ -254,3 +254,18 @@ def check_metrics(store, config_path, monkeypatch, stats):
     [open_txn] = status.open_transactions(store, configuration.load(config_path), "EXT1")
     assert value("trailbound_oldest_open_transaction_age_seconds", group="EXT1") == open_txn.age.total_seconds() > 0
     assert value("trailbound_br_suspended", group="EXT1") == 0
+
+
+def test_view_report_of_a_capture_run_says_how_its_records_became_the_trail_and_where_its_time_went(
+        tmp_path, spark, store, environment, capsys):
+    """VIEW REPORT of a capture run, as of a replicat run: the summary line with how the
+    records became the trail (one task, or grouped and why), and its time per phase."""
+    archive = new_archive(tmp_path)
+    archive.segment(1, [ins(10, "T1", 1), ins(11, "T1", 2), rec(12, "T1", "COMMIT")], 100)
+    base = ["--config", str(write_config(tmp_path))]
+    assert "records in commit order (one pass)" in trailbound(capsys, *base, "extract", "run", "EXT1")
+    out = trailbound(capsys, *base, "view", "report", "EXT1")
+    assert "wrote 1 transactions (2 records); records in commit order (one pass)" in out, out
+    phases = re.search(r"^Time per phase: (.*)$", out, re.M)
+    assert phases, out
+    assert "write trail files by one task (one Spark job)" in phases.group(1), out

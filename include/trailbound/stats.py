@@ -277,7 +277,8 @@ def _summary(stage: str, name: str, row: dict) -> str:
                 f"{row['files_written']} file(s), {row['records_written']} records; checkpoints "
                 f"read {row['checkpoints'].get('read')} write {row['checkpoints'].get('write')}")
     return (f"Extract {name}: {row.get('recovery') or ''} recovery: read {row['records_read']} records below scn "
-            f"{row['horizon_scn']}, wrote {row['transactions']} transactions ({row['records_written']} records)")
+            f"{row['horizon_scn']}, wrote {row['transactions']} transactions ({row['records_written']} records)"
+            + (f"; records {row['assembly']}" if row.get("assembly") else ""))
 
 
 def view_report(store: MetadataStore, config: Config, group: str, *, run: int | None = None) -> str:

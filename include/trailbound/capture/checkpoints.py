@@ -272,12 +272,14 @@ def commit_run(cur, state: ExtractState, files: list[TrailFileInfo], required_sc
                              "last_csn": str(state.write.last_csn) if state.write.last_csn else None}}
     cur.execute("INSERT INTO trailbound.extract_run (group_name, started_at, until_time, read_from_scn, horizon_scn,"
                 " records_read, transactions, records_written, checkpoints, recovery, reread_records,"
-                " read_from_time, read_time, br_checkpoint_id)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                " read_from_time, read_time, br_checkpoint_id, timings, assembly)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (g, run["started_at"], run.get("until"), _value(run.get("read_from_scn")), _value(run.get("horizon_scn")),
                  run["records_read"], run["transactions"], run["records_written"],
                  json.dumps(_jsonable(checkpoints)), run.get("recovery"), run.get("reread_records"),
-                 run.get("read_from_time"), state.read_time, run.get("br_checkpoint_id")))
+                 run.get("read_from_time"), state.read_time, run.get("br_checkpoint_id"),
+                 json.dumps({phase: round(seconds, 3) for phase, seconds in run["timings"].items()})
+                 if run.get("timings") else None, run.get("assembly")))
     # LOGRETENTION: a registered group's required SCN moves in the same transaction as
     # the checkpoints it is computed from, so retention never sees one without the other.
     # A run that committed could read all it needed: any restore request is done.

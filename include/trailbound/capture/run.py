@@ -496,6 +496,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
               if (thread, d.xid) in forced_csn
               else f"transaction {d.xid} had ended on its own before it was forced")
              for d, thread in force_targets]
+    assembly = trail.assembly + (f": {run.assembly_note}" if run.assembly_note else "")
     with store.transaction() as cur:
         checkpoint_id = None
         if br_checkpoint is not None:
@@ -508,7 +509,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
             "records_read": records_read, "transactions": written_transactions, "records_written": records_written,
             "recovery": plan.describe, "reread_records": sum(row["reread"] for row in per_thread),
             "read_from_time": min((_utc(row["from_time"]) for row in per_thread), default=None),
-            "br_checkpoint_id": checkpoint_id}, warnings, done)
+            "br_checkpoint_id": checkpoint_id, "timings": dict(watch.phases), "assembly": assembly}, warnings, done)
         runcounts.record(cur, "extract", state.group, runcounts.last_run_id(cur, "extract_run"), run.started_at,
                          counts)
     watch.lap("checkpoints")
@@ -519,7 +520,7 @@ def _assemble_and_commit(spark, store: MetadataStore, config: Config, run: _Run)
     return RunResult(state.group, horizon_scn, records_read, written_transactions, records_written, files,
                      len(state.open), timings=watch.phases, recovery=plan.describe, restart=run.restart.describe(),
                      br_checkpoint=br_checkpoint is not None,
-                     assembly=trail.assembly + (f": {run.assembly_note}" if run.assembly_note else ""))
+                     assembly=assembly)
 
 
 def _long_transaction_warnings(state: ckpt.ExtractState, extract, read_time) -> list[dict]:
