@@ -296,3 +296,20 @@ def test_a_row_changed_and_changed_back_while_the_target_holds_the_change_betwee
     assert report.out_of_sync == 0, report.describe()
     assert world.rounds >= 3 and report.rounds >= 2, "the row was decided before the change back was applied"
     assert query(world.target, "SELECT abalance FROM pgbench_accounts WHERE aid = 42")[0][0] == 111
+
+
+def test_a_row_changed_and_changed_back_between_two_compares_is_not_confirmed_from_the_first_ones_position(world):
+    """The next compare confirms an in-flight row from the older read position only when
+    the row is the same version: changed and changed back between two compares (the target
+    holding the change between), it showed its first image again and was confirmed out of
+    sync from the first compare's position."""
+    execute(world.source, "UPDATE pgbench_accounts SET abalance = 111 WHERE aid = 43")  # not applied yet
+    first = world.compare(wait_seconds=0)
+    assert (first.out_of_sync, first.in_flight) == (0, 1), first.describe()
+    execute(world.source, "UPDATE pgbench_accounts SET abalance = 222 WHERE aid = 43")
+    world.pipeline()
+    execute(world.source, "UPDATE pgbench_accounts SET abalance = 111 WHERE aid = 43")  # back: not applied yet
+    second = world.compare(wait_seconds=0)
+    assert (second.out_of_sync, second.in_flight) == (0, 1), second.describe()
+    world.pipeline()
+    assert world.compare(wait_seconds=0).out_of_sync == 0

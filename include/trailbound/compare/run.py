@@ -222,9 +222,10 @@ def _run_tasks(spark, tasks: list[RangeTask]) -> list[sides.RangeResult]:
 
 
 def _previous_in_flight(store, group: str, specs: dict[str, TableSpec]) -> dict[tuple[str, tuple], tuple]:
-    """(table, key) -> (source image, position) of the last run's in-flight rows."""
+    """(table, key) -> (source image, position, source version) of the last run's in-flight rows."""
     with store.transaction() as cur:
-        cur.execute("SELECT r.source_table, r.key, r.source_image, r.read_at FROM trailbound.compare_row r"
+        cur.execute("SELECT r.source_table, r.key, r.source_image, r.read_at, r.source_version"
+                    " FROM trailbound.compare_row r"
                     " WHERE r.kind = 'in_flight' AND r.run_id = (SELECT max(run_id) FROM trailbound.compare_run"
                     " WHERE replicat = %s)", (group,))
         rows = cur.fetchall()
@@ -234,7 +235,8 @@ def _previous_in_flight(store, group: str, specs: dict[str, TableSpec]) -> dict[
         spec = specs.get(r["source_table"])
         names = spec and (spec.columns if spec.keyless else spec.key)
         if names and set(names) == set(r["key"]):  # jsonb keeps no key order: the spec's order
-            found[(spec.source, tuple(r["key"][n] for n in names))] = (image(r["source_image"]), Scn(r["read_at"]))
+            found[(spec.source, tuple(r["key"][n] for n in names))] = (image(r["source_image"]), Scn(r["read_at"]),
+                                                                       r["source_version"])
     return found
 
 
@@ -256,9 +258,10 @@ def _save(store, report: CompareReport) -> None:
             rows = [(d, d.kind()) for d in t.out_of_sync] + [(d, "in_flight") for d in t.in_flight]
             cur.executemany(
                 "INSERT INTO trailbound.compare_row (run_id, source_table, kind, key, columns, source_image,"
-                " target_image, read_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " target_image, read_at, source_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [(report.run_id, t.spec.source, kind, json.dumps(_key_dict(t.spec, d.key)),
-                  d.columns(t.spec.columns) or None, json.dumps(d.source), json.dumps(d.target), d.lsn.value)
+                  d.columns(t.spec.columns) or None, json.dumps(d.source), json.dumps(d.target), d.lsn.value,
+                  d.source_version)
                  for d, kind in rows])
 
 
@@ -325,8 +328,11 @@ def compare(spark, store, config: Config, source: str, replicat: str, *, pattern
         for result in results:
             for d in result.differences:
                 before = earlier.get((d.table, d.key))
-                if before is not None and before[0] == d.source and before[1] < d.lsn:
+                if (before is not None and before[0] == d.source and before[1] < d.lsn
+                        and before[2] == d.source_version):
                     d.lsn = before[1]  # unchanged since the last run read it: confirmable from there
+                    # (the same version, not only the same image: a row changed and changed
+                    # back between two compares shows its old image again)
                 found.append(d)
         outcome = confirming.confirm(
             found, by_name, source_connection, target_connection,
