@@ -116,12 +116,11 @@ def connect_session(url: str):
         raise SparkConnectUnavailable(_down(named, exc.strerror or str(exc))) from None
     shared = ";session_id=" not in url
     first = _generation_hint(address) if shared else 0
-    for generation in range(first, SHARED_SESSION_GENERATIONS) if shared else [0]:
-        session_url = _with_session(url, shared_session_id(address, generation)) if shared else url
-        try:
+    try:
+        for generation in range(first, SHARED_SESSION_GENERATIONS) if shared else [None]:
+            session_url = url if generation is None else _with_session(url, shared_session_id(address, generation))
             spark = SparkSession.builder.remote(session_url).getOrCreate()
-            if shared:
-                spark.release_session_on_close = False  # stop() leaves the shared session to the others
+            spark.release_session_on_close = not shared  # stop() leaves the shared session to the others
             try:
                 for key in CONNECT_SESSION_CONF:  # the first call that reaches the server
                     spark.conf.set(key, SESSION_CONF[key])
@@ -136,10 +135,10 @@ def connect_session(url: str):
                 if spark.conf.get(key, None) in (None, _SPARK_DEFAULTS.get(key)):
                     spark.conf.set(key, value)
             return spark
-        except Exception as exc:  # grpc's errors and pyspark's wrappers of them
-            if type(exc).__module__.startswith(("grpc", "pyspark.errors")) and _unavailable(exc):
-                raise SparkConnectUnavailable(_down(named, " ".join(str(exc).split())[:200])) from None
-            raise
+    except Exception as exc:  # grpc's errors and pyspark's wrappers of them
+        if type(exc).__module__.startswith(("grpc", "pyspark.errors")) and _unavailable(exc):
+            raise SparkConnectUnavailable(_down(named, " ".join(str(exc).split())[:200])) from None
+        raise
     raise TrailboundError(f"Spark Connect server {named}: the shared sessions of generations {first} to "
                           f"{SHARED_SESSION_GENERATIONS - 1} are all closed; restart the server, or name a session "
                           "in the URL (;session_id=UUID)")

@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
 
     figures.update({"changes": changes, "pipeline": pipeline, "busy": busy, "loops": loops, "sessions": sessions,
                     # each step's output (its last lines): which path a capture took, its phases
-                    "steps": [{**{k: v for k, v in asdict(s).items() if k != "output"}, "output": s.output[-6000:],
+                    "steps": [{**asdict(s), "output": s.output[-6000:],
                                "peak_mb": watch.peak_mb(s.name) or watch.peak_mb("replicate (supervisor)")}
                               for s in steps]})
     keep(figures, saved)

@@ -345,10 +345,10 @@ class RunCheck:
 
     error: tuple[str, str, int | None] | None
     passed: bool
-    named: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
-    ended: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
-    subtransactions: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
-    parents: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
+    named: pa.Array = field(default_factory=lambda: _distinct([]))
+    ended: pa.Array = field(default_factory=lambda: _distinct([]))
+    subtransactions: pa.Array = field(default_factory=lambda: _distinct([]))
+    parents: pa.Array = field(default_factory=lambda: _distinct([]))
 
 
 def _distinct(names) -> pa.Array:

@@ -212,13 +212,9 @@ class _Ids:
             self._threads, self._names = [], []
         return self._table
 
-    def keys(self, numbers: np.ndarray) -> tuple[np.ndarray, pa.Array]:
-        table = self.table()
-        return table["thread"].to_numpy()[numbers], table["xid"].take(pa.array(numbers)).combine_chunks()
-
     def key(self, number: int) -> tuple[int, str]:
-        threads, names = self.keys(np.array([number]))
-        return int(threads[0]), names[0].as_py()
+        table = self.table()
+        return int(table["thread"][number].as_py()), table["xid"][number].as_py()
 
 
 class _PerId:
@@ -634,17 +630,16 @@ class _Gathered:
             segments = self.segment_of[at:at + self.chunk]
             by_segment = np.argsort(segments, kind="stable")
             wanted, starts = np.unique(segments[by_segment], return_index=True)
-            pieces = []
-            for number, first, last in zip(wanted.tolist(), starts.tolist(), [*starts[1:].tolist(), len(records)]):
-                rows = records[by_segment[first:last]] - shape.offsets[number]
-                pieces.append(self._take(number, rows))
+            spans = list(zip(wanted.tolist(), starts.tolist(), [*starts[1:].tolist(), len(records)]))
+            pieces = [self._take(number, records[by_segment[first:last]] - shape.offsets[number])
+                      for number, first, last in spans]
             self._keep_within_budget(set(wanted.tolist()))
             gathered = pa.concat_tables(pieces)
             # Back from segment order to trail order.
             back = np.empty(len(records), dtype=np.int64)
             back[by_segment] = np.arange(len(records))
             yield gathered.take(pa.array(back)), shape.txn[records]
-            for number, first, last in zip(wanted.tolist(), starts.tolist(), [*starts[1:].tolist(), len(records)]):
+            for number, first, last in spans:
                 self.done[number] += last - first
                 self._shrink(number)
 

@@ -167,7 +167,7 @@ def _directive_targets(state: ckpt.ExtractState, kind: str) -> list[tuple[ckpt.D
 
 
 def run_extract(spark, store: MetadataStore, config: Config, group: str, *, until: datetime | None = None,
-                brreset: bool = False, one_task: bool = True, cache_bytes: int | None = None) -> RunResult:
+                brreset: bool = False, one_task: bool = True, cache_bytes: int = onetask.CACHE_BYTES) -> RunResult:
     """One capture run of `group` up to the archive's horizon (or what was archived by
     `until`). `one_task=False` always groups the records by transaction (see
     capture.onetask; tests and benchmarks compare the two paths); `cache_bytes` sets the
@@ -231,7 +231,7 @@ class _Run:
     watch: Stopwatch
     scan: PendingScan               # the new segments, cataloged once their checks pass
     assembly_note: str = ""  # why the run was not written by one task (capture.onetask)
-    cache_bytes: int | None = None  # the one task's budget of decoded segments (None: capture.onetask's)
+    cache_bytes: int = onetask.CACHE_BYTES  # the one task's budget of decoded segments
 
 
 @dataclass
@@ -356,7 +356,7 @@ class _ClaimBefore:
 
 
 def _write_by_one_task(spark, store: MetadataStore, config: Config, run: _Run, decisions: Decisions,
-                           directives: list) -> _Trail | None:
+                       directives: list) -> _Trail | None:
     """The run's trail written by one task (capture.onetask), or None (nothing written)
     when that task does not handle the run: `run.assembly_note` then says why."""
     state, extract, plan = run.state, run.extract, run.plan
@@ -377,8 +377,7 @@ def _write_by_one_task(spark, store: MetadataStore, config: Config, run: _Run, d
         if decisions.read_scn is None else decisions.read_scn.value, begin_scn=decisions.begin_scn.value,
         last_written=decisions.last_written, prefix=str(prefix), first_seqno=first_seqno,
         max_bytes=int(extract.megabytes * 1024 * 1024), group=state.group, log_bsn=run.log_bsn.value,
-        layouts=layouts, versions=versions, claim=trails.claim(prefix),
-        **({} if run.cache_bytes is None else {"cache_bytes": run.cache_bytes}))
+        layouts=layouts, versions=versions, claim=trails.claim(prefix), cache_bytes=run.cache_bytes)
     # The new segments' checks (a task per run of segments) in the same job as the write,
     # the write first: Spark starts tasks in order, and the write is the longest (on 2
     # cores the checks after it shared the other core: 6.7 -> 4.9 s at 1M records).

@@ -4,8 +4,9 @@ has applied past the source's WAL position at which the row was read.
 A round, for the differences whose position the replicat has passed: read the target's
 row, then the source's again. The target now equal to what the source showed: it was in
 flight, and it is in sync. The target still different and the source unchanged since
-that read (the same image and the same row version, its xmin): out of sync, confirmed. The source changed meanwhile: still in flight; the
-new source image, with its new position, goes to the next round. Rounds go on until
+that read (the same image and the same row version, its xmin): out of sync, confirmed.
+The source changed meanwhile: still in flight; the new source image, with its new
+position, goes to the next round. Rounds go on until
 every difference is decided or the wait is over; what is left is reported as in flight,
 never as out of sync.
 
